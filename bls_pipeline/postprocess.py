@@ -1,0 +1,46 @@
+"""Logits -> probabilities -> top-k predictions in Triton's classification format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TopK", "format_label", "softmax", "top_k"]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of (N, C) logits, float32, numerically stable."""
+    z = np.asarray(logits, dtype=np.float32)
+    z = z - z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Top-k of one batch: (N, k) arrays plus the formatted strings."""
+
+    scores: np.ndarray  # float32, softmax probabilities, descending
+    class_ids: np.ndarray  # int32
+    labels: np.ndarray  # object array of bytes, "score:index:label"
+
+
+def top_k(probs: np.ndarray, k: int, labels: list[str]) -> TopK:
+    """Highest k probabilities per row; equal scores keep ascending class order."""
+    n_classes = probs.shape[1]
+    if not 1 <= k <= n_classes:
+        raise ValueError(f"top-k must be between 1 and {n_classes}, got {k}")
+    # Stable sort of the negated scores: ties come out in ascending index order.
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    scores = np.take_along_axis(probs, order, axis=1).astype(np.float32)
+    formatted = np.empty(order.shape, dtype=object)
+    for i, j in np.ndindex(order.shape):
+        formatted[i, j] = format_label(float(scores[i, j]), int(order[i, j]), labels).encode()
+    return TopK(scores=scores, class_ids=order.astype(np.int32), labels=formatted)
+
+
+def format_label(score: float, index: int, labels: list[str]) -> str:
+    """Triton's classification string: `score:index:label`."""
+    return f"{score:.6f}:{index}:{labels[index]}"

@@ -1,0 +1,78 @@
+"""RGB image -> normalised CHW float32, the ImageNet eval transform.
+
+Same result as torchvision's `Resize(resize) + CenterCrop(crop) + ToTensor + Normalize`
+(tests/unit/test_preprocess.py holds the tolerance), computed without materialising
+the resized image: Pillow resamples only the source box that maps onto the centre
+crop. The filter weights are those of the full resize (Pillow places output pixel
+centres from the box origin and clamps its taps to the whole image, not the box), so
+the pixels are the same, and a 1x20000 sliver costs a 224x224 resize, not gigabytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["PreprocessSpec", "crop_box", "preprocess_into"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """How one classifier wants its input: per classifier, not a global constant."""
+
+    resize: int = 256  # shorter side after resize
+    crop: int = 224  # square centre crop
+    mean: tuple[float, float, float] = IMAGENET_MEAN  # in [0, 1] units, RGB order
+    std: tuple[float, float, float] = IMAGENET_STD
+    # x_norm = x_uint8 * scale - offset, per channel: built once, used per image.
+    _scale: np.ndarray = field(init=False, repr=False, compare=False)
+    _offset: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.crop <= self.resize:
+            raise ValueError(f"preprocessing needs 0 < crop <= resize, got crop={self.crop} resize={self.resize}")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"mean and std need 3 values each, std > 0; got mean={self.mean} std={self.std}")
+        std = np.asarray(self.std, dtype=np.float32)
+        mean = np.asarray(self.mean, dtype=np.float32)
+        object.__setattr__(self, "_scale", (1.0 / (255.0 * std)).reshape(3, 1, 1))
+        object.__setattr__(self, "_offset", (mean / std).reshape(3, 1, 1))
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (3, self.crop, self.crop)
+
+
+def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, float, float, float]:
+    """Source-pixel box that the resize-then-centre-crop keeps (torchvision's rounding)."""
+    # torchvision Resize(int): the shorter side becomes `resize`, the longer one truncates.
+    if width <= height:
+        new_w, new_h = spec.resize, int(spec.resize * height / width)
+    else:
+        new_w, new_h = int(spec.resize * width / height), spec.resize
+    left = int(round((new_w - spec.crop) / 2.0))
+    top = int(round((new_h - spec.crop) / 2.0))
+    sx, sy = width / new_w, height / new_h
+    return (left * sx, top * sy, (left + spec.crop) * sx, (top + spec.crop) * sy)
+
+
+def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> None:
+    """Write the normalised (3, crop, crop) float32 tensor for `img` into `out` in place.
+
+    `out` is typically one row of the batch tensor that goes to the classifier, so the
+    only copies between the decoder and the DLPack handoff are the resample and this
+    one fused uint8 -> float32 normalisation.
+    """
+    if img.mode != "RGB":
+        raise ValueError(f"preprocess expects an RGB image, got mode {img.mode}")
+    size = (spec.crop, spec.crop)
+    box = crop_box(img.width, img.height, spec)
+    cropped = img.resize(size, Image.BILINEAR, box=box)
+    hwc = np.asarray(cropped)  # (crop, crop, 3) uint8, a view of Pillow's buffer
+    np.multiply(hwc.transpose(2, 0, 1), spec._scale, out=out, casting="unsafe")
+    out -= spec._offset

@@ -1,0 +1,328 @@
+"""Start a real tritonserver on a model repository, locally, without Docker.
+
+`TritonServer` is what `bls-serve` and the integration tests use. It picks the
+`tritonserver` on PATH (NGC containers) or the binary inside the nvidia-pytriton
+wheel, loads only the models whose backend and artifacts are present (explicit model
+control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
+readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import repository
+
+__all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
+
+log = logging.getLogger(__name__)
+
+ADMIN_HEADER = "triton-admin-key"
+# APIs a client never needs for inference; behind the key so a local process cannot
+# load arbitrary models, read configs or map shared memory.
+RESTRICTED_APIS = "model-repository,model-config,shared-memory"
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerOptions:
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    models: tuple[str, ...] | None = None  # None: every model whose parts are present
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    exit_timeout_s: int = 20
+    startup_timeout_s: float = 180.0
+    log_verbose: int = 0
+    log_file: Path | None = None  # None: inherit stderr
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Binary:
+    executable: Path
+    backend_dir: Path | None  # None: the binary's own default (/opt/tritonserver/backends)
+    env: dict[str, str]
+    is_embedded: bool
+
+
+class TritonServer:
+    """A tritonserver process; use as a context manager or call start()/stop()."""
+
+    def __init__(self, options: ServerOptions):
+        self.options = options
+        self._proc: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self._log_handle = None
+        self.shm_prefix = f"{SHM_PREFIX}bls{os.getpid()}_{secrets.token_hex(3)}_"
+        self.loaded: tuple[str, ...] = ()
+        self.skipped: dict[str, str] = {}
+
+    # ---- endpoints -------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"{_url_host(self.options.host)}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{_url_host(self.options.host)}:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{_url_host(self.options.host)}:{self.options.metrics_port}/metrics"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {ADMIN_HEADER: self.options.admin_key}
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        opts = self.options
+        repo = Path(opts.model_repository).resolve()
+        self._workdir = Path(tempfile.mkdtemp(prefix="bls-triton-"))
+        binary = _find_binary(self._workdir)
+        available = _available_backends(binary)
+        plan = repository.plan_loading(repo, available, only=opts.models)
+        self.loaded, self.skipped = plan.load, plan.skipped
+        for name, why in plan.skipped.items():
+            log.warning("not loading %s: %s", name, why)
+        if not plan.load:
+            raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
+
+        cmd = [
+            str(binary.executable),
+            f"--model-repository={repo}",
+            "--model-control-mode=explicit",
+            *[f"--load-model={name}" for name in plan.load],
+            f"--http-address={opts.host}", f"--http-port={opts.http_port}",
+            f"--grpc-address={opts.host}", f"--grpc-port={opts.grpc_port}",
+            f"--metrics-address={opts.host}", f"--metrics-port={opts.metrics_port}",
+            "--allow-metrics=true", "--allow-gpu-metrics=false",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
+            f"--exit-timeout-secs={opts.exit_timeout_s}",
+            "--strict-readiness=true",
+            f"--log-verbose={opts.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *opts.extra_args,
+        ]
+        if binary.backend_dir is not None:
+            cmd.append(f"--backend-directory={binary.backend_dir}")
+        if opts.log_file is not None:
+            self._log_handle = open(opts.log_file, "ab")
+        log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
+        self._proc = subprocess.Popen(
+            cmd,
+            env=binary.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT if self._log_handle else None,
+            start_new_session=True,  # own process group: stop() reaches every python stub
+        )
+        try:
+            self.wait_ready(plan.load, opts.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(models)
+        while pending:
+            if self._proc is None or self._proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} before it was ready{self._log_hint()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"models not ready after {timeout_s:.0f}s: {pending}{self._log_hint()}")
+            pending = [m for m in pending if not self.is_model_ready(m)]
+            if pending:
+                time.sleep(0.25)
+
+    def is_model_ready(self, model: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def load_model(self, model: str) -> None:
+        self._admin_post(f"/v2/repository/models/{model}/load")
+
+    def unload_model(self, model: str) -> None:
+        self._admin_post(f"/v2/repository/models/{model}/unload")
+
+    def _admin_post(self, path: str) -> None:
+        req = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST", headers=self.admin_headers)
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> int | None:
+        """Graceful stop (SIGTERM, Triton drains in-flight work), then kill what is left."""
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.options.exit_timeout_s + 15)
+                except subprocess.TimeoutExpired:
+                    log.error("tritonserver did not exit within %ss of SIGTERM: killing it", self.options.exit_timeout_s + 15)
+            code = proc.returncode if proc.poll() is not None else None
+            _kill_group(proc.pid)
+            if proc.poll() is None:
+                proc.wait(timeout=10)
+                code = proc.returncode
+        for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            leftover.unlink(missing_ok=True)
+        if self._log_handle:
+            self._log_handle.close()
+            self._log_handle = None
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        return code
+
+    def _log_hint(self) -> str:
+        if self.options.log_file and Path(self.options.log_file).exists():
+            tail = Path(self.options.log_file).read_text(errors="replace")[-4000:]
+            return f"\n--- tritonserver log tail ({self.options.log_file}) ---\n{tail}"
+        return ""
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _url_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _find_binary(workdir: Path) -> _Binary:
+    env = dict(os.environ)
+    # The python stub embeds libpython with an isolated config (PYTHONPATH is ignored) and
+    # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
+    # so models import the same bls_pipeline, numpy and torch (a venv's included).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return _Binary(Path(on_path), None, env, is_embedded=False)
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "no tritonserver found: none on PATH and the nvidia-pytriton wheel is not installed. "
+            "Install it with: pip install 'bls-pipeline[embedded]' (or run inside an NGC tritonserver container)"
+        )
+    root = Path(spec.submodule_search_locations[0]) / "tritonserver"
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"nvidia-pytriton ships no python backend stub for Python {version}")
+    # The backend folder must hold the stub for *this* Python next to libtriton_python.so.
+    backends = workdir / "backends"
+    shutil.copytree(root / "backends" / "python", backends / "python")
+    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
+    return _Binary(root / "bin" / "tritonserver", backends, env, is_embedded=True)
+
+
+def _available_backends(binary: _Binary) -> set[str]:
+    backend_dir = binary.backend_dir or Path("/opt/tritonserver/backends")
+    if not backend_dir.is_dir():
+        return {"python"}
+    return {p.name for p in backend_dir.iterdir() if p.is_dir()}
+
+
+# ---- bls-serve ----------------------------------------------------------------------
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bls-serve", description="Serve models/ with a local tritonserver (no Docker needed).")
+    p.add_argument("--model-repository", type=Path, default=Path("models"))
+    p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (default: loopback only)")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--models", help="comma-separated models to load (default: all whose parts are present)")
+    p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random)")
+    p.add_argument("--log-verbose", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = ServerOptions(
+        model_repository=args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        models=tuple(args.models.split(",")) if args.models else None,
+        log_verbose=args.log_verbose,
+    )
+    if args.admin_key:
+        opts.admin_key = args.admin_key
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server = TritonServer(opts)
+    try:
+        server.start()
+        print(f"Serving {', '.join(server.loaded)} from {Path(opts.model_repository).resolve()}")
+        for name, why in server.skipped.items():
+            print(f"  not loaded: {name} ({why})")
+        print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
+        print(f"  admin APIs ({RESTRICTED_APIS}) need header {ADMIN_HEADER}: {opts.admin_key}")
+        print("Ctrl-C to stop.", flush=True)
+        while not stop.is_set() and server.running():
+            stop.wait(0.5)
+        if not server.running() and not stop.is_set():
+            log.error("tritonserver exited on its own")
+            return 1
+        return 0
+    finally:
+        code = server.stop()
+        log.info("tritonserver stopped (exit code %s)", code)

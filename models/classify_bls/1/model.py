@@ -1,0 +1,66 @@
+"""Triton adapter for classify_bls: pb_utils in and out, bls_pipeline does the work.
+
+Images of all requests in one execute() become one batch and ONE child request per
+classifier call (bls_pipeline/pipeline.py); a bad image fails only its own request.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bls_pipeline import contract
+from bls_pipeline.config import load_classifier_info, parse_pipeline_config
+from bls_pipeline.labels import imagenet_labels
+from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction
+from bls_pipeline.triton_glue import bridge_logging, model_parameters, tensor_from_numpy, tensor_to_numpy
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        bridge_logging(pb_utils)
+        config = parse_pipeline_config(model_parameters(args))
+        repo = Path(args["model_repository"]).parent
+        classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers}
+        self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready)
+
+    def execute(self, requests):
+        inputs = [self._read(r) for r in requests]
+        results, _ = self.pipeline.run(inputs, self._infer)
+        responses = [self._respond(res) for res in results]
+        assert len(responses) == len(requests), "one response per request"
+        return responses
+
+    def finalize(self):
+        self.pipeline.close()
+
+    # ---- pb_utils <-> bls_pipeline ----------------------------------------------------
+    @staticmethod
+    def _read(request) -> ImageRequest:
+        images = pb_utils.get_input_tensor_by_name(request, contract.IMAGE.name).as_numpy().reshape(-1)
+        topk = pb_utils.get_input_tensor_by_name(request, contract.TOPK.name)
+        return ImageRequest(images=list(images), topk=int(topk.as_numpy().reshape(-1)[0]) if topk is not None else None)
+
+    def _infer(self, model: str, batch: np.ndarray) -> np.ndarray:
+        request = pb_utils.InferenceRequest(
+            model_name=model,
+            requested_output_names=[contract.CLASSIFIER_OUTPUT.name],
+            inputs=[tensor_from_numpy(pb_utils, contract.CLASSIFIER_INPUT.name, batch)],
+        )
+        response = request.exec()
+        if response.has_error():
+            raise ChildCallError(response.error().message())
+        output = pb_utils.get_output_tensor_by_name(response, contract.CLASSIFIER_OUTPUT.name)
+        return tensor_to_numpy(output).copy()  # own the logits; the response's buffer goes away
+
+    @staticmethod
+    def _respond(result):
+        if not isinstance(result, Prediction):
+            code = pb_utils.TritonError.UNAVAILABLE if result.reason == "classifier" else pb_utils.TritonError.INVALID_ARG
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, code))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(contract.LABELS.name, result.labels),
+            pb_utils.Tensor(contract.SCORES.name, result.scores),
+            pb_utils.Tensor(contract.CLASS_IDS.name, result.class_ids),
+            pb_utils.Tensor(contract.ROUTE.name, result.routes),
+        ])
