@@ -1,0 +1,137 @@
+"""Client for classify_bls over HTTP or gRPC, and the `bls-classify` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+
+__all__ = ["ClassifyClient", "FileResult", "find_images", "main"]
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+
+
+@dataclass
+class FileResult:
+    path: str
+    labels: list[str] | None = None  # "score:index:label", best first
+    route: str | None = None
+    error: str | None = None
+
+
+class ClassifyClient:
+    """Thin wrapper over tritonclient; one `classify` call is one inference request."""
+
+    def __init__(self, url: str, protocol: str = "http", concurrency: int = 1, model: str = BLS_MODEL):
+        if protocol == "http":
+            import tritonclient.http as tc
+
+            self._client = tc.InferenceServerClient(url, concurrency=concurrency)
+        elif protocol == "grpc":
+            import tritonclient.grpc as tc
+
+            self._client = tc.InferenceServerClient(url)
+        else:
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        self._tc = tc
+        self.model = model
+
+    def classify(self, images: list[bytes], topk: int | None = None) -> dict[str, np.ndarray]:
+        """Send images as one request; returns LABELS/SCORES/CLASS_IDS/ROUTE arrays (one row per image).
+
+        Raises tritonclient's InferenceServerException with the server's message on error.
+        """
+        tc = self._tc
+        inputs = [tc.InferInput(IMAGE.name, [len(images), 1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array(images, dtype=object).reshape(-1, 1))
+        if topk is not None:
+            t = tc.InferInput(TOPK.name, [len(images), 1], "INT32")
+            t.set_data_from_numpy(np.full((len(images), 1), topk, dtype=np.int32))
+            inputs.append(t)
+        outputs = [tc.InferRequestedOutput(o.name) for o in (LABELS, SCORES, CLASS_IDS, ROUTE)]
+        result = self._client.infer(self.model, inputs, outputs=outputs)
+        return {o.name: result.as_numpy(o.name) for o in (LABELS, SCORES, CLASS_IDS, ROUTE)}
+
+    def classify_file(self, path: Path, topk: int | None = None) -> FileResult:
+        try:
+            out = self.classify([Path(path).read_bytes()], topk)
+        except Exception as exc:  # noqa: BLE001 - InferenceServerException, OSError
+            return FileResult(str(path), error=_message(exc))
+        return FileResult(str(path), labels=[v.decode() for v in out[LABELS.name][0]], route=out[ROUTE.name][0, 0].decode())
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _message(exc: Exception) -> str:
+    msg = getattr(exc, "message", None)
+    return msg() if callable(msg) else str(exc)
+
+
+def find_images(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+        elif p.exists():
+            found.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    return found
+
+
+def classify_files(client: ClassifyClient, files: list[Path], topk: int | None, concurrency: int) -> list[FileResult]:
+    """One request per file, `concurrency` in flight: Triton's dynamic batcher merges them,
+    and a bad file fails only itself."""
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        jobs = pool.map(lambda f: client.classify_file(f, topk), files)
+        return list(tqdm(jobs, total=len(files), desc="classify", unit="img", disable=len(files) < 8, file=sys.stderr))
+
+
+def format_table(results: list[FileResult]) -> str:
+    width = max([len(Path(r.path).name) for r in results] + [4])
+    lines = [f"{'file':<{width}}  {'score':>6}  {'class':<28}  route"]
+    for r in results:
+        name = Path(r.path).name
+        if r.error:
+            lines.append(f"{name:<{width}}  {'-':>6}  error: {r.error}")
+            continue
+        for i, item in enumerate(r.labels or []):
+            score, index, label = item.split(":", 2)
+            lines.append(f"{name if i == 0 else '':<{width}}  {float(score):>6.3f}  {f'{label} ({index})':<28}  {r.route if i == 0 else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bls-classify", description="Classify image files with classify_bls on a Triton server.")
+    p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR")
+    p.add_argument("--url", default=None, help="server address (default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    p.add_argument("--topk", type=int, default=None, help="labels per image (default: the model's default_topk)")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
+    try:
+        files = find_images(args.paths)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not files:
+        print("error: no image files found", file=sys.stderr)
+        return 2
+    client = ClassifyClient(url, args.protocol, concurrency=args.concurrency)
+    try:
+        results = classify_files(client, files, args.topk, args.concurrency)
+    finally:
+        client.close()
+    print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
+    return 1 if any(r.error for r in results) else 0
