@@ -1,0 +1,63 @@
+"""A real tritonserver on a temporary copy of models/, shared by the integration tests.
+
+The copy gets a freshly exported random-weight resnet50 ONNX (seeded) and one extra
+model, classify_bls_tta: classify_bls with tta_threshold 1.0, so every image takes the
+low-confidence branch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.server import ServerOptions, TritonServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _copy_repo(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
+
+
+def _variant(repo: Path, base: str, name: str, params: dict[str, str]) -> None:
+    shutil.copytree(repo / base, repo / name)
+    cfg = repo / name / "config.pbtxt"
+    text = cfg.read_text().replace(f'name: "{base}"', f'name: "{name}"')
+    for key, value in params.items():
+        text, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
+        if n == 0:
+            text += f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}\n'
+    cfg.write_text(text)
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory, repo_root, onnx_model) -> Path:
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    _copy_repo(repo_root / "models", repo)
+    shutil.copy(onnx_model, repo / "resnet50_onnx" / "1" / "model.onnx")
+    _variant(repo, "classify_bls", "classify_bls_tta", {"tta_threshold": "1.0"})
+    return repo
+
+
+def start_server(repo: Path, log_dir: Path, **kwargs) -> TritonServer:
+    opts = ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                         log_file=log_dir / "tritonserver.log", **kwargs)
+    server = TritonServer(opts)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def server_factory():
+    """Start another server (the caller stops it): for tests that kill or restart one."""
+    return start_server
+
+
+@pytest.fixture(scope="session")
+def server(model_repo, tmp_path_factory):
+    srv = start_server(model_repo, tmp_path_factory.mktemp("logs"))
+    yield srv
+    srv.stop()

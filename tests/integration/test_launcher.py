@@ -1,0 +1,51 @@
+"""The launcher itself: what loads, locked-down defaults, clean stop."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.server import SHM_PREFIX
+
+pytestmark = pytest.mark.integration
+
+
+def test_loads_only_models_with_their_parts(server):
+    assert set(server.loaded) == {"classify_bls", "classify_bls_tta", "resnet50_onnx"}
+    assert "TensorRT" in server.skipped["resnet50_trt"]
+
+
+def test_missing_onnx_is_skipped_with_the_export_hint(tmp_path, repo_root):
+    from bls_pipeline.repository import plan_loading
+
+    plan = plan_loading(repo_root / "models", {"python"})
+    if (repo_root / "models" / "resnet50_onnx" / "1" / "model.onnx").exists():
+        assert "resnet50_onnx" in plan.load
+    else:
+        assert "engine_build export" in plan.skipped["resnet50_onnx"]
+
+
+def test_binds_loopback_and_restricts_admin_apis(server):
+    assert server.options.host == "127.0.0.1"
+    url = f"http://{server.http_url}/v2/repository/index"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=5)
+    assert err.value.code in (401, 403)
+    req = urllib.request.Request(url, data=b"{}", method="POST", headers=server.admin_headers)
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert b"classify_bls" in r.read()
+
+
+def test_stop_leaves_no_process_or_shared_memory(model_repo, tmp_path, server_factory):
+    srv = server_factory(model_repo, tmp_path, models=("resnet50_onnx",))
+    pid, prefix = srv.pid, srv.shm_prefix
+    assert any(p.name.startswith(prefix) for p in Path("/dev/shm").iterdir())
+    srv.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the whole process group (server and python stubs) is gone
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix)]
+    assert prefix.startswith(SHM_PREFIX)

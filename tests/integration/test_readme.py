@@ -1,0 +1,49 @@
+"""The README's commands are what the repository runs, and the main job works."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _top_commands(readme: str) -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_top_commands_are_the_scripts(repo_root):
+    commands = _top_commands((repo_root / "README.md").read_text())
+    assert commands == ["./scripts/demo.sh", "./scripts/test.sh"]
+    demo, test = (repo_root / c for c in commands)
+    assert "bls-demo" in demo.read_text() and "pytest" in test.read_text()
+    assert "./scripts/test.sh" in (repo_root / ".ci" / "run").read_text()
+
+
+def test_triton_tag_is_set_once(repo_root):
+    dockerfile = (repo_root / "Dockerfile").read_text()
+    assert len(re.findall(r"^ARG TRITON_TAG=\d{2}\.\d{2}$", dockerfile, re.M)) == 1
+    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-py3" in dockerfile
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo_root, capture_output=True, text=True).stdout.split()
+    for name in tracked:
+        path = repo_root / name
+        if path.suffix in {".md", ".py", ".sh", ".pbtxt", ""} and path.is_file() and name != "Dockerfile":
+            assert not re.search(r"tritonserver:\d{2}\.\d{2}", path.read_text(errors="ignore")), name
+
+
+def test_main_job_classifies_the_samples(model_repo, repo_root):
+    """bls-demo (what ./scripts/demo.sh runs after setup) on the test repository copy."""
+    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.demo", "--model-repository", str(model_repo), "--topk", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for protocol in ("HTTP", "GRPC"):
+        assert f"== classify_bls over {protocol}" in proc.stdout
+    for sample in sorted(Path(repo_root / "samples").glob("*.jpg")):
+        assert proc.stdout.count(sample.name) == 2  # once per protocol
+    assert proc.stdout.count("resnet50_onnx:direct") >= 2 * 4
+    assert "server stopped." in proc.stdout
