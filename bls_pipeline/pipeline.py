@@ -22,9 +22,8 @@ import numpy as np
 
 from . import routing
 from .config import ClassifierInfo, PipelineConfig
-from .decode import ImageError, decode
+from .batching import decode_to_batch
 from .postprocess import softmax, top_k
-from .preprocess import preprocess_into
 
 __all__ = ["ChildCallError", "ImageRequest", "Pipeline", "Prediction", "RequestError"]
 
@@ -147,35 +146,15 @@ class Pipeline:
             return RequestError(f"TOPK={req.topk} is out of range: use 1..{len(self.labels)}", "bad_request")
         return None
 
-    def _decode_batch(self, requests, results, info: ClassifierInfo, timings: Timings) -> tuple[np.ndarray, list[int]]:
-        """Decode + preprocess every image of the still-valid requests into one batch.
-
-        Returns the batch and, per row, the index of the request it belongs to. A request
-        with one undecodable image fails as a whole with that image's index and reason.
-        """
-        jobs = [(r, i, data) for r, req in enumerate(requests) if results[r] is None for i, data in enumerate(req.images)]
-        batch = np.empty((len(jobs), *info.preprocess.input_shape), dtype=np.float32)
-        policy, spec = self.config.decode, info.preprocess
-
-        def work(row: int) -> ImageError | None:
-            try:
-                preprocess_into(decode(jobs[row][2], policy), spec, batch[row])
-                return None
-            except ImageError as exc:
-                return exc
-
-        outcomes = list(self._pool.map(work, range(len(jobs))))
-        bad_requests = set()
-        for (r, i, _), err in zip(jobs, outcomes):
-            if err is not None and r not in bad_requests:
-                bad_requests.add(r)
-                results[r] = RequestError(f"IMAGE[{i}]: {err}", err.reason)
-                timings.rejected[err.reason] = timings.rejected.get(err.reason, 0) + 1
-        owners = [r for r, _, _ in jobs]
-        if bad_requests:
-            keep = [row for row, r in enumerate(owners) if r not in bad_requests]
-            return batch[keep], [owners[row] for row in keep]
-        return batch, owners
+    def _decode_batch(self, requests, results, info: ClassifierInfo, timings: Timings) -> tuple[np.ndarray, np.ndarray]:
+        """One batch from every image of the still-valid requests; a request with an
+        undecodable image fails as a whole, naming that image's index and the reason."""
+        images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
+        decoded = decode_to_batch(images, self.config.decode, info.preprocess, self._pool)
+        for r, err in decoded.errors.items():
+            results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
+            timings.rejected[err.reason] = timings.rejected.get(err.reason, 0) + 1
+        return decoded.batch, decoded.owners
 
     def _infer(self, model: str, batch: np.ndarray, infer: Infer) -> np.ndarray:
         """Child call(s), chunked at the classifier's max batch, with the batch contract checked."""
@@ -186,12 +165,11 @@ class Pipeline:
             raise ChildCallError(f"{model} returned shape {logits.shape} for a batch of {len(batch)}; expected ({len(batch)}, {len(self.labels)})")
         return logits
 
-    def _split(self, requests, results, owners: list[int], probs: np.ndarray, routes: np.ndarray) -> None:
-        owners_arr = np.asarray(owners)
+    def _split(self, requests, results, owners: np.ndarray, probs: np.ndarray, routes: np.ndarray) -> None:
         for r, req in enumerate(requests):
             if results[r] is not None:
                 continue
-            rows = np.flatnonzero(owners_arr == r)
+            rows = np.flatnonzero(owners == r)
             k = req.topk or self.config.default_topk
             top = top_k(probs[rows], min(k, len(self.labels)), self.labels)
             results[r] = Prediction(top.labels, top.scores, top.class_ids, routes[rows].reshape(-1, 1))

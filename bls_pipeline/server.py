@@ -221,10 +221,13 @@ class TritonServer:
         return code
 
     def _log_hint(self) -> str:
-        if self.options.log_file and Path(self.options.log_file).exists():
-            tail = Path(self.options.log_file).read_text(errors="replace")[-4000:]
-            return f"\n--- tritonserver log tail ({self.options.log_file}) ---\n{tail}"
-        return ""
+        """Error lines of the server log (model load failures), for exception messages."""
+        path = self.options.log_file
+        if not path or not Path(path).exists():
+            return ""
+        lines = Path(path).read_text(errors="replace").splitlines()
+        errors = [ln for ln in lines if ln.startswith("E") or ln.startswith("error:")][-15:]
+        return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
 
 
 def _kill_group(pgid: int) -> None:

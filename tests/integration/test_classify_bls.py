@@ -123,3 +123,20 @@ def test_multi_image_request_keeps_order(server, sample_images, reference):
     out = _client(server, "grpc").classify(images, topk=1)
     expected = reference(images).argmax(axis=1)
     np.testing.assert_array_equal(out["CLASS_IDS"][:, 0], expected)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ensemble_baseline_gives_the_same_labels(server, protocol, sample_images):
+    """ensemble_resnet50 (no branches) answers exactly like classify_bls on the same images."""
+    images = list(sample_images.values())
+    bls = _client(server, protocol).classify(images)
+    ensemble = ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol, model="ensemble_resnet50")
+    outputs = [ensemble._client.infer("ensemble_resnet50", [_image_input(ensemble, [img])]) for img in images]
+    labels = np.concatenate([o.as_numpy("LABELS") for o in outputs])
+    np.testing.assert_array_equal(labels, bls["LABELS"])
+
+
+def _image_input(client, images):
+    tensor = client._tc.InferInput("IMAGE", [len(images), 1], "BYTES")
+    tensor.set_data_from_numpy(np.array(images, dtype=object).reshape(-1, 1))
+    return tensor

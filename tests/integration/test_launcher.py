@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_loads_only_models_with_their_parts(server):
-    assert set(server.loaded) == {"classify_bls", "classify_bls_tta", "resnet50_onnx"}
+    assert set(server.loaded) == {"classify_bls", "classify_bls_tta", "resnet50_onnx", "ensemble_resnet50", "ensemble_preprocess", "ensemble_postprocess"}
     assert "TensorRT" in server.skipped["resnet50_trt"]
 
 

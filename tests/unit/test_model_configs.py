@@ -58,3 +58,16 @@ def test_classifier_contract(name):
 def test_classifiers_share_preprocessing_with_the_same_weights():
     onnx, trt = (load_classifier_info(MODELS, n) for n in CLASSIFIERS)
     assert onnx.preprocess == trt.preprocess
+
+
+def test_ensemble_baseline_contract():
+    cfg = parse_config(MODELS / "ensemble_resnet50")
+    _assert_tensors(cfg.input, (contract.IMAGE,))
+    _assert_tensors(cfg.output, (contract.LABELS, contract.SCORES, contract.CLASS_IDS))
+    steps = [s.model_name for s in cfg.ensemble_scheduling.step]
+    assert steps == ["ensemble_preprocess", "resnet50_onnx", "ensemble_postprocess"]
+    pre, post = parse_config(MODELS / "ensemble_preprocess"), parse_config(MODELS / "ensemble_postprocess")
+    _assert_tensors(pre.output, (contract.CLASSIFIER_INPUT,))
+    _assert_tensors(post.input, (contract.CLASSIFIER_OUTPUT,))
+    # Same default top-k as classify_bls, so the two answer alike.
+    assert string_parameters(post)["default_topk"] == string_parameters(parse_config(MODELS / "classify_bls"))["default_topk"]
