@@ -126,12 +126,17 @@ def classifier_info(name: str, max_batch_size: int, params: dict[str, str]) -> C
     if max_batch_size < 1:
         raise ConfigError(f"classifier {name} needs max_batch_size >= 1 in its config.pbtxt, got {max_batch_size}")
     p = {k: v for k, v in params.items() if k in _PREPROCESS_KEYS}
-    spec = PreprocessSpec(
-        resize=_as_int("preprocess_resize", p["preprocess_resize"], 1) if "preprocess_resize" in p else 256,
-        crop=_as_int("preprocess_crop", p["preprocess_crop"], 1) if "preprocess_crop" in p else 224,
-        mean=_triple("preprocess_mean", p["preprocess_mean"]) if "preprocess_mean" in p else IMAGENET_MEAN,
-        std=_triple("preprocess_std", p["preprocess_std"]) if "preprocess_std" in p else IMAGENET_STD,
-    )
+    try:
+        spec = PreprocessSpec(
+            resize=_as_int("preprocess_resize", p["preprocess_resize"], 1) if "preprocess_resize" in p else 256,
+            crop=_as_int("preprocess_crop", p["preprocess_crop"], 1) if "preprocess_crop" in p else 224,
+            mean=_triple("preprocess_mean", p["preprocess_mean"]) if "preprocess_mean" in p else IMAGENET_MEAN,
+            std=_triple("preprocess_std", p["preprocess_std"]) if "preprocess_std" in p else IMAGENET_STD,
+        )
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"classifier {name}: {exc}; fix its preprocess_resize / preprocess_crop / preprocess_std parameters") from None
     return ClassifierInfo(name=name, max_batch_size=max_batch_size, preprocess=spec)
 
 

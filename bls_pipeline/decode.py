@@ -50,6 +50,8 @@ def decode(data: bytes, policy: DecodePolicy = DecodePolicy()) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=list(policy.formats))
     except UnidentifiedImageError:
+        if _has_allowed_signature(data, policy.formats):  # e.g. a PNG whose header CRC is broken
+            raise ImageError("corrupt", "cannot read image header: the file starts like an allowed format but is damaged") from None
         raise ImageError("unsupported_format", f"not a decodable image (allowed formats: {', '.join(policy.formats)})") from None
     except Image.DecompressionBombError:
         raise ImageError("too_many_pixels", f"image declares more than {policy.max_pixels} pixels") from None
@@ -97,6 +99,12 @@ def _to_rgb(img: Image.Image, background: tuple[int, int, int]) -> Image.Image:
         return canvas
     # L, 1, CMYK (Adobe-inverted handled by Pillow), YCbCr, LAB, HSV.
     return img.convert("RGB")
+
+
+def _has_allowed_signature(data: bytes, formats: tuple[str, ...]) -> bool:
+    Image.init()
+    head = data[:16]
+    return any(fmt in Image.OPEN and Image.OPEN[fmt][1] is not None and bool(Image.OPEN[fmt][1](head)) for fmt in formats)
 
 
 def _short(exc: Exception) -> str:

@@ -1,11 +1,11 @@
 """RGB image -> normalised CHW float32, the ImageNet eval transform.
 
 Same result as torchvision's `Resize(resize) + CenterCrop(crop) + ToTensor + Normalize`
-(tests/unit/test_preprocess.py holds the tolerance), computed without materialising
-the resized image: Pillow resamples only the source box that maps onto the centre
-crop. The filter weights are those of the full resize (Pillow places output pixel
-centres from the box origin and clamps its taps to the whole image, not the box), so
-the pixels are the same, and a 1x20000 sliver costs a 224x224 resize, not gigabytes.
+(tests/unit/test_preprocess.py holds the tolerance): the same Pillow bilinear
+(antialiased) resize, then the centre crop. For extreme aspect ratios, where the resized
+image would be huge (a 1x20000 sliver would become 256x5120000), only the source box
+that maps onto the crop is resampled: same filter taps, a 224x224 resize instead of
+gigabytes (Pillow may round a few pixels one uint8 step differently).
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["PreprocessSpec", "crop_box", "preprocess_into"]
+
+# Resized images up to this many times resize**2 pixels are materialised (exact
+# torchvision match); beyond it, the crop box is resampled directly.
+_MAX_RESIZED_AREA = 16
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -48,15 +52,22 @@ class PreprocessSpec:
         return (3, self.crop, self.crop)
 
 
-def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, float, float, float]:
-    """Source-pixel box that the resize-then-centre-crop keeps (torchvision's rounding)."""
-    # torchvision Resize(int): the shorter side becomes `resize`, the longer one truncates.
+def _resized_size(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int]:
+    """torchvision Resize(int): the shorter side becomes `resize`, the longer one truncates."""
     if width <= height:
-        new_w, new_h = spec.resize, int(spec.resize * height / width)
-    else:
-        new_w, new_h = int(spec.resize * width / height), spec.resize
-    left = int(round((new_w - spec.crop) / 2.0))
-    top = int(round((new_h - spec.crop) / 2.0))
+        return spec.resize, int(spec.resize * height / width)
+    return int(spec.resize * width / height), spec.resize
+
+
+def _crop_offset(new_w: int, new_h: int, spec: PreprocessSpec) -> tuple[int, int]:
+    """torchvision CenterCrop's rounding."""
+    return int(round((new_w - spec.crop) / 2.0)), int(round((new_h - spec.crop) / 2.0))
+
+
+def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, float, float, float]:
+    """Source-pixel box that the resize-then-centre-crop keeps."""
+    new_w, new_h = _resized_size(width, height, spec)
+    left, top = _crop_offset(new_w, new_h, spec)
     sx, sy = width / new_w, height / new_h
     return (left * sx, top * sy, (left + spec.crop) * sx, (top + spec.crop) * sy)
 
@@ -70,9 +81,13 @@ def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> 
     """
     if img.mode != "RGB":
         raise ValueError(f"preprocess expects an RGB image, got mode {img.mode}")
-    size = (spec.crop, spec.crop)
-    box = crop_box(img.width, img.height, spec)
-    cropped = img.resize(size, Image.BILINEAR, box=box)
-    hwc = np.asarray(cropped)  # (crop, crop, 3) uint8, a view of Pillow's buffer
+    new_w, new_h = _resized_size(img.width, img.height, spec)
+    if new_w * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
+        left, top = _crop_offset(new_w, new_h, spec)
+        resized = img if (new_w, new_h) == img.size else img.resize((new_w, new_h), Image.BILINEAR)
+        cropped = resized.crop((left, top, left + spec.crop, top + spec.crop))
+    else:
+        cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR, box=crop_box(img.width, img.height, spec))
+    hwc = np.asarray(cropped)  # (crop, crop, 3) uint8
     np.multiply(hwc.transpose(2, 0, 1), spec._scale, out=out, casting="unsafe")
     out -= spec._offset

@@ -1,0 +1,340 @@
+"""`bls-bench`: closed-loop load on classify_bls, the ensemble baseline and the bare classifier.
+
+For each target and concurrency, N client threads send one image per request back to back
+for a fixed time over a fixed image set. Per point: images/s, latency p50/p95/p99, errors
+and Triton's server-side queue vs compute time per request (statistics API). Writes
+bench.json, bench.md and bench.png; also times decode+preprocess in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS
+from .decode import DecodePolicy, decode
+from .preprocess import PreprocessSpec, preprocess_into
+
+__all__ = ["main", "make_image_set", "run_point"]
+
+REPO = Path(__file__).resolve().parent.parent
+CLASSIFIER = "resnet50_onnx"
+TARGETS = ("classifier", "classify_bls", "ensemble_resnet50")
+
+
+@dataclass
+class Point:
+    target: str
+    concurrency: int
+    images_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    server_queue_ms: float  # per request, this model's own queue
+    server_compute_ms: float  # per request, compute input + infer + output
+
+
+def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
+    """ImageNet-size JPEGs: each source centre-cropped to 4:3, resized, plus its mirror."""
+    out = []
+    for src in sources:
+        img = Image.open(src).convert("RGB")
+        w, h = img.size
+        cw, ch = (w, w * 3 // 4) if w * 3 <= h * 4 else (h * 4 // 3, h)
+        img = img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)).resize(size, Image.BICUBIC)
+        for variant in (img, img.transpose(Image.FLIP_LEFT_RIGHT)):
+            buf = io.BytesIO()
+            variant.save(buf, "JPEG", quality=quality)
+            out.append(buf.getvalue())
+    return out
+
+
+def _tensor_set(images: list[bytes]) -> list[np.ndarray]:
+    spec = PreprocessSpec()
+    tensors = []
+    for data in images:
+        t = np.empty((1, *spec.input_shape), np.float32)
+        preprocess_into(decode(data), spec, t[0])
+        tensors.append(t)
+    return tensors
+
+
+def _request(tc, target: str, payload) -> tuple[str, list, list]:
+    """Model name, inputs and outputs for one request, built once and reused."""
+    if target == "classifier":
+        inp = tc.InferInput(CLASSIFIER_INPUT.name, list(payload.shape), "FP32")
+        inp.set_data_from_numpy(payload)
+        return CLASSIFIER, [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
+    inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[payload]], dtype=object))
+    return target, [inp], [tc.InferRequestedOutput(LABELS.name)]
+
+
+def _server_stats(client, model: str) -> dict[str, int]:
+    stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]["inference_stats"]
+    pick = lambda k: (int(stats.get(k, {}).get("count", 0)), int(stats.get(k, {}).get("ns", 0)))  # noqa: E731
+    (count, _), (_, queue) = pick("success"), pick("queue")
+    compute = sum(pick(k)[1] for k in ("compute_input", "compute_infer", "compute_output"))
+    return {"count": count, "queue_ns": queue, "compute_ns": compute}
+
+
+def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: list, duration_s: float,
+              warmup_s: float) -> Point:
+    tc = _client_module(protocol)
+    stop_at = [float("inf")]
+    record_from = [float("inf")]
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    start_gate = threading.Barrier(concurrency + 1)
+
+    def worker(w: int) -> None:
+        client = tc.InferenceServerClient(url)
+        requests = [_request(tc, target, p) for p in payloads]
+        i = w
+        start_gate.wait()
+        while True:
+            model, inputs, outputs = requests[i % len(requests)]
+            i += 1
+            t0 = time.perf_counter()
+            if t0 >= stop_at[0]:
+                break
+            try:
+                client.infer(model, inputs, outputs=outputs)
+                ok = True
+            except Exception:  # noqa: BLE001 - counted, the loop goes on
+                ok = False
+            if t0 >= record_from[0]:
+                if ok:
+                    latencies[w].append(time.perf_counter() - t0)
+                else:
+                    errors[w] += 1
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    stats_client = tc.InferenceServerClient(url)
+    model = CLASSIFIER if target == "classifier" else target
+    start_gate.wait()
+    now = time.perf_counter()
+    record_from[0], stop_at[0] = now + warmup_s, now + warmup_s + duration_s
+    time.sleep(warmup_s)
+    before = _server_stats(stats_client, model)
+    time.sleep(duration_s)
+    after = _server_stats(stats_client, model)
+    for t in threads:
+        t.join()
+    stats_client.close()
+    lat = np.array([x for per in latencies for x in per]) * 1e3
+    n = max(after["count"] - before["count"], 1)
+    pct = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
+    return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
+                 (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6)
+
+
+def _client_module(protocol: str):
+    if protocol == "grpc":
+        import tritonclient.grpc as tc
+    else:
+        import tritonclient.http as tc
+    return tc
+
+
+# ---- in-process decode + preprocess --------------------------------------------------
+def time_preprocess(images: dict[str, bytes], repeats: int = 20) -> list[dict]:
+    spec = PreprocessSpec()
+    out = np.empty(spec.input_shape, np.float32)
+    rows = []
+    for name, data in images.items():
+        for draft in (512, 0):
+            policy = DecodePolicy(draft_min_side=draft)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                preprocess_into(decode(data, policy), spec, out)
+                times.append(time.perf_counter() - t0)
+            rows.append({"image": name, "draft_min_side": draft, "ms_per_image": float(np.median(times) * 1e3)})
+    return rows
+
+
+def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int] | None:
+    if not onnx_path.exists():
+        return None
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    spec = PreprocessSpec()
+    batch = np.empty((2, *spec.input_shape), np.float32)
+    preprocess_into(decode(data, DecodePolicy(draft_min_side=512)), spec, batch[0])
+    preprocess_into(decode(data, DecodePolicy(draft_min_side=0)), spec, batch[1])
+    top = session.run([CLASSIFIER_OUTPUT.name], {CLASSIFIER_INPUT.name: batch})[0].argmax(axis=1)
+    return int(top[0]), int(top[1])
+
+
+# ---- reporting --------------------------------------------------------------------------
+def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
+    lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request.",
+             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in points:
+        lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
+                     f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} |")
+    ratios = meta.get("ratios", {})
+    if ratios:
+        lines += ["", "| ratio | value |", "|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in ratios.items()]
+    if prep:
+        lines += ["", "| decode+preprocess | draft_min_side | ms/image |", "|---|---:|---:|"]
+        lines += [f"| {r['image']} | {r['draft_min_side'] or 'off (full decode)'} | {r['ms_per_image']:.2f} |" for r in prep]
+    return "\n".join(lines) + "\n"
+
+
+def ratios(points: list[Point], prep: list[dict]) -> dict[str, float]:
+    by = {(p.target, p.concurrency): p for p in points}
+    out: dict[str, float] = {}
+    conc = sorted({p.concurrency for p in points})
+    c8 = 8 if 8 in conc else conc[-1]
+    if ("classify_bls", c8) in by and ("classifier", c8) in by:
+        out[f"classify_bls / classifier images/s at c={c8}"] = by["classify_bls", c8].images_per_s / by["classifier", c8].images_per_s
+    for c in conc:
+        if ("classify_bls", c) in by and ("ensemble_resnet50", c) in by:
+            out[f"classify_bls / ensemble images/s at c={c}"] = by["classify_bls", c].images_per_s / by["ensemble_resnet50", c].images_per_s
+    c1 = conc[0]
+    small = [r for r in prep if r["image"].startswith("500x375") and r["draft_min_side"]]
+    if ("classify_bls", c1) in by and ("classifier", c1) in by and small:
+        out[f"classify_bls p50 - (classifier p50 + preprocess) ms at c={c1}"] = (
+            by["classify_bls", c1].p50_ms - by["classifier", c1].p50_ms - small[0]["ms_per_image"])
+    big = {r["draft_min_side"]: r["ms_per_image"] for r in prep if r["image"].startswith("12MP")}
+    if len(big) == 2:
+        out["12MP full decode / draft decode time"] = big[0] / big[512]
+    return out
+
+
+def plot(points: list[Point], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for target in dict.fromkeys(p.target for p in points):
+        pts = [p for p in points if p.target == target]
+        a.plot([p.concurrency for p in pts], [p.images_per_s for p in pts], marker="o", label=target)
+        b.plot([p.concurrency for p in pts], [p.p99_ms for p in pts], marker="o", label=target)
+    for ax, title in ((a, "throughput (images/s)"), (b, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _machine() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor())
+    from importlib.metadata import version
+
+    versions = ", ".join(f"{p} {version(p)}" for p in ("nvidia-pytriton", "onnxruntime", "torch", "pillow", "numpy"))
+    return {"machine": f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}", "versions": versions}
+
+
+def _bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
+    """A copy of models/ for the bench (artifacts linked, not copied); by default the
+    flip branch is off so classify_bls does the same work as the branch-less ensemble."""
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "__pycache__"))
+    for artifact in list(src.glob("*/1/*.onnx")) + list(src.glob("*/1/*.plan")):
+        (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
+    if not keep_branches:
+        cfg = dst / "classify_bls" / "config.pbtxt"
+        cfg.write_text(re.sub(r'(key: "tta_threshold", value: \{ string_value: )"[^"]*"', r'\1"0"', cfg.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bls-bench", description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    p.add_argument("--url", help="use a running server (its own config) instead of starting one")
+    p.add_argument("--model-repository", type=Path, default=REPO / "models")
+    p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
+    p.add_argument("--out", type=Path, default=REPO / "bench_results")
+    args = p.parse_args(argv)
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    targets = [t for t in args.targets.split(",") if t]
+    bad = sorted(set(targets) - set(TARGETS))
+    if bad:
+        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS)}")
+
+    samples = sorted((REPO / "samples").glob("*.jpg"))
+    images = make_image_set(samples)
+    tensors = _tensor_set(images)
+    big = REPO.parent / "shared" / "images" / "mug.jpg"
+    big_bytes = big.read_bytes() if big.exists() else _synthetic_12mp(samples[0])
+    prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big.exists() else "12MP JPEG (synthetic 4000x3000)": big_bytes})
+    top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
+
+    points: list[Point] = []
+    server = None
+    workdir = None
+    try:
+        if args.url:
+            url = args.url
+        else:
+            from .server import ServerOptions, TritonServer, free_port
+
+            workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
+            repo = workdir / "models"
+            _bench_repository(args.model_repository, repo, args.keep_branches)
+            server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                                log_file=workdir / "tritonserver.log"))
+            server.start()
+            url = server.grpc_url if args.protocol == "grpc" else server.http_url
+        grid = [(t, c) for c in concurrency for t in targets]  # interleaved: drift hits every target alike
+        for target, c in tqdm(grid, desc="bench", unit="point"):
+            payloads = tensors if target == "classifier" else images
+            points.append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
+    finally:
+        if server is not None:
+            server.stop()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
+    meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
+            "keep_branches": args.keep_branches, "top1_12mp_draft_vs_full": top1}
+    meta["ratios"] = ratios(points, prep)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "points": [asdict(pt) for pt in points], "preprocess": prep}, indent=2))
+    table = markdown(points, prep, meta)
+    if top1 is not None:
+        table += f"\n12MP top-1 class with draft decode: {top1[0]}, with full decode: {top1[1]} ({'unchanged' if top1[0] == top1[1] else 'CHANGED'}).\n"
+    (args.out / "bench.md").write_text(table)
+    plot(points, args.out / "bench.png")
+    print(table)
+    print(f"wrote {args.out}/bench.json, bench.md, bench.png")
+    return 0
+
+
+def _synthetic_12mp(src: Path) -> bytes:
+    buf = io.BytesIO()
+    Image.open(src).convert("RGB").resize((4000, 3000), Image.BICUBIC).save(buf, "JPEG", quality=90)
+    return buf.getvalue()

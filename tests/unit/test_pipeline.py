@@ -1,0 +1,329 @@
+"""Pipeline.run over a plain-Python classifier: batching, per-request errors, branches, failover."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bls_pipeline.config import PipelineConfig, classifier_info
+from bls_pipeline.decode import decode
+from bls_pipeline.labels import imagenet_labels
+from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction, RequestError
+from bls_pipeline.postprocess import softmax
+from bls_pipeline.preprocess import preprocess_into
+
+LABELS = list(imagenet_labels())
+PRIMARY, SECONDARY = "cls_a", "cls_b"
+# Fixed projection from (per-channel mean of the LEFT half of the input) to 1000 logits.
+# Left half only, so a horizontal flip changes the answer and the flip branch is visible.
+PROJECTION = np.random.default_rng(1234).normal(scale=3.0, size=(3, len(LABELS))).astype(np.float32)
+COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 220, 40), (40, 200, 220), (128, 128, 128), (10, 10, 10)]
+
+
+def logits_for(batch: np.ndarray) -> np.ndarray:
+    left = batch[..., : batch.shape[-1] // 2]
+    return left.mean(axis=(2, 3)) @ PROJECTION
+
+
+class Classifier:
+    """The `infer` callable: records every child call; can fail one model and take it down."""
+
+    def __init__(self, ready: set[str], fail: dict[str, bool] | None = None, logits=logits_for):
+        self.ready = ready
+        self.fail = fail or {}  # model -> does it go un-ready when it fails?
+        self.logits = logits
+        self.calls: list[tuple[str, np.ndarray]] = []
+
+    def __call__(self, model: str, batch: np.ndarray) -> np.ndarray:
+        assert batch.dtype == np.float32 and batch.flags.c_contiguous
+        self.calls.append((model, batch.copy()))
+        if model in self.fail:
+            if self.fail[model]:
+                self.ready.discard(model)
+            raise ChildCallError(f"{model} is unavailable")
+        return self.logits(batch)
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [len(b) for _, b in self.calls]
+
+
+def png(colour, size=(48, 32)) -> bytes:
+    """A small image with a coloured left half and a grey right half (flip-sensitive)."""
+    pixels = np.full((size[1], size[0], 3), 90, dtype=np.uint8)
+    pixels[:, : size[0] // 2] = colour
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+IMAGES = [png(c) for c in COLOURS]
+
+
+@pytest.fixture
+def make_pipeline():
+    made: list[Pipeline] = []
+
+    def make(classifier: Classifier, *, max_batch: int = 64, secondary_info=None, **overrides) -> Pipeline:
+        config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0), **overrides)
+        infos = {PRIMARY: classifier_info(PRIMARY, max_batch, {}),
+                 SECONDARY: secondary_info or classifier_info(SECONDARY, max_batch, {})}
+        pipeline = Pipeline(config, infos, LABELS, is_ready=classifier.is_ready)
+        made.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in made:
+        pipeline.close()
+
+
+def expected_probs(images: list[bytes], preprocess_spec=None) -> np.ndarray:
+    """Reference: each image on its own, straight through the stages."""
+    spec = preprocess_spec or classifier_info(PRIMARY, 1, {}).preprocess
+    batch = np.empty((len(images), *spec.input_shape), dtype=np.float32)
+    for row, data in enumerate(images):
+        preprocess_into(decode(data), spec, batch[row])
+    return softmax(logits_for(batch))
+
+
+# ---- (a) one Prediction per request, with its own rows and TOPK ----------------------
+
+def test_each_request_gets_its_own_rows_and_topk(make_pipeline):
+    classifier = Classifier({PRIMARY, SECONDARY})
+    pipeline = make_pipeline(classifier)
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest(IMAGES[2:5], topk=3), ImageRequest(IMAGES[5:6], topk=12)]
+    results, timings = pipeline.run(requests, classifier)
+
+    assert len(results) == len(requests)
+    assert all(isinstance(r, Prediction) for r in results)
+    for result, request, k in zip(results, requests, (5, 3, 12)):  # default_topk is 5
+        n = len(request.images)
+        assert result.labels.shape == result.scores.shape == result.class_ids.shape == (n, k)
+        assert result.routes.shape == (n, 1)
+        assert result.routes[:, 0].tolist() == [f"{PRIMARY}:direct".encode()] * n
+        assert result.scores.dtype == np.float32 and result.class_ids.dtype == np.int32
+
+    # Rows land in the right request, in order: compare with each image run on its own.
+    probs = expected_probs(IMAGES[:6])
+    ids = np.concatenate([r.class_ids[:, :3] for r in results])
+    assert ids.tolist() == np.argsort(-probs, axis=1, kind="stable")[:, :3].tolist()
+    assert np.allclose(np.concatenate([r.scores[:, 0] for r in results]), probs.max(axis=1), atol=1e-5)
+    label = results[1].labels[0, 0].decode().split(":")
+    assert int(label[1]) == results[1].class_ids[0, 0] and label[2] == LABELS[int(label[1])]
+    assert timings.routes == {f"{PRIMARY}:direct": 6}
+
+
+def test_default_topk_comes_from_config(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    results, _ = make_pipeline(classifier, default_topk=2).run([ImageRequest(IMAGES[:1])], classifier)
+    assert results[0].class_ids.shape == (1, 2)
+
+
+# ---- (b) a bad image fails only its own request ----------------------------------------
+
+def test_bad_image_fails_only_its_request(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    pipeline = make_pipeline(classifier)
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest([IMAGES[1], b"<html>nope</html>", IMAGES[2]]), ImageRequest(IMAGES[3:4])]
+    results, timings = pipeline.run(requests, classifier)
+
+    assert isinstance(results[0], Prediction) and isinstance(results[2], Prediction)
+    assert isinstance(results[1], RequestError)
+    assert results[1].message.startswith("IMAGE[1]:")
+    assert results[1].reason == "unsupported_format"
+    assert classifier.batch_sizes == [2]  # the failed request's good images are not classified
+    probs = expected_probs([IMAGES[0], IMAGES[3]])
+    assert [results[0].class_ids[0, 0], results[2].class_ids[0, 0]] == probs.argmax(axis=1).tolist()
+    assert timings.rejected == {"unsupported_format": 1}
+
+
+def test_first_bad_image_is_the_one_named(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    results, _ = make_pipeline(classifier).run([ImageRequest([IMAGES[0], IMAGES[1], b"", b"junk"])], classifier)
+    assert results[0].message.startswith("IMAGE[2]:")
+    assert results[0].reason == "empty"
+    assert classifier.calls == []
+
+
+# ---- (c) one child call for everything, chunked at max_batch_size ------------------------
+
+def test_all_images_of_all_requests_go_in_one_call(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    requests = [ImageRequest(IMAGES[0:3]), ImageRequest(IMAGES[3:4]), ImageRequest(IMAGES[4:7])]
+    results, _ = make_pipeline(classifier).run(requests, classifier)
+    assert classifier.batch_sizes == [7]
+    assert [m for m, _ in classifier.calls] == [PRIMARY]
+    assert all(isinstance(r, Prediction) for r in results)
+
+
+def test_calls_are_chunked_at_max_batch_size(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    requests = [ImageRequest(IMAGES[0:3]), ImageRequest(IMAGES[3:4]), ImageRequest(IMAGES[4:7])]
+    results, _ = make_pipeline(classifier, max_batch=3).run(requests, classifier)
+    assert classifier.batch_sizes == [3, 3, 1]
+    # Chunking does not change the answer.
+    probs = expected_probs(IMAGES[:7])
+    ids = np.concatenate([r.class_ids[:, 0] for r in results])
+    assert ids.tolist() == probs.argmax(axis=1).tolist()
+
+
+# ---- (d) the low-confidence branch ---------------------------------------------------
+
+def test_threshold_one_sends_every_row_through_the_flip_branch(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest(IMAGES[2:3])]
+    results, timings = make_pipeline(classifier, tta_threshold=1.0).run(requests, classifier)
+
+    assert classifier.batch_sizes == [3, 3]
+    (_, direct), (_, flipped) = classifier.calls
+    assert np.array_equal(flipped, direct[..., ::-1])  # horizontal flip of the same batch
+    assert not np.allclose(logits_for(direct), logits_for(flipped))  # so the averaging below shows
+    routes = np.concatenate([r.routes[:, 0] for r in results]).tolist()
+    assert routes == [f"{PRIMARY}:flip_tta".encode()] * 3
+    # The answer is the average of both passes' probabilities.
+    averaged = (softmax(logits_for(direct)) + softmax(logits_for(flipped))) / 2
+    assert np.allclose(np.concatenate([r.scores[:, 0] for r in results]), averaged.max(axis=1), atol=1e-5)
+    assert timings.routes == {f"{PRIMARY}:flip_tta": 3}
+
+
+def test_threshold_zero_goes_direct(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    results, _ = make_pipeline(classifier, tta_threshold=0.0).run([ImageRequest(IMAGES[0:3])], classifier)
+    assert classifier.batch_sizes == [3]
+    assert results[0].routes[:, 0].tolist() == [f"{PRIMARY}:direct".encode()] * 3
+
+
+def test_only_unsure_rows_get_the_second_pass(make_pipeline):
+    def logits(batch):  # sure about bright images, unsure about dark ones
+        out = np.zeros((len(batch), len(LABELS)), dtype=np.float32)
+        out[:, 7] = 50.0 * (batch.mean(axis=(1, 2, 3)) > 0.0)
+        return out
+
+    classifier = Classifier({PRIMARY}, logits=logits)
+    bright, dark = png((250, 250, 250)), png((0, 0, 0), size=(8, 8))
+    results, _ = make_pipeline(classifier, tta_threshold=0.5).run([ImageRequest([bright, dark, bright])], classifier)
+    assert classifier.batch_sizes == [3, 1]
+    assert np.array_equal(classifier.calls[1][1][0], classifier.calls[0][1][1][..., ::-1])
+    assert results[0].routes[:, 0].tolist() == [b"cls_a:direct", b"cls_a:flip_tta", b"cls_a:direct"]
+
+
+def test_flip_branch_is_chunked_too(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    make_pipeline(classifier, max_batch=3, tta_threshold=1.0).run([ImageRequest(IMAGES[0:7])], classifier)
+    assert classifier.batch_sizes == [3, 3, 1, 3, 3, 1]
+
+
+# ---- (e) a child call fails ----------------------------------------------------------
+
+def test_failover_to_the_next_ready_classifier(make_pipeline):
+    classifier = Classifier({PRIMARY, SECONDARY}, fail={PRIMARY: True})  # cls_a fails and unloads
+    secondary = classifier_info(SECONDARY, 64, {"preprocess_resize": "160", "preprocess_crop": "128"})
+    pipeline = make_pipeline(classifier, secondary_info=secondary)
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest([IMAGES[2], b"junk"]), ImageRequest(IMAGES[3:4], topk=2)]
+    results, timings = pipeline.run(requests, classifier)
+
+    assert [m for m, _ in classifier.calls] == [PRIMARY, SECONDARY]
+    assert classifier.calls[1][1].shape == (3, 3, 128, 128)  # re-preprocessed for cls_b's own spec
+    assert len(results) == 3
+    assert isinstance(results[0], Prediction) and isinstance(results[2], Prediction)
+    assert results[1].message.startswith("IMAGE[1]:")  # still failed on its own image
+    assert results[2].class_ids.shape == (1, 2)
+    routes = np.concatenate([results[0].routes[:, 0], results[2].routes[:, 0]]).tolist()
+    assert routes == [f"{SECONDARY}:direct".encode()] * 3
+    assert timings.routes == {f"{SECONDARY}:direct": 3}
+    # The chooser remembers: the next run goes straight to cls_b.
+    pipeline.run([ImageRequest(IMAGES[:1])], classifier)
+    assert [m for m, _ in classifier.calls][-1] == SECONDARY and len(classifier.calls) == 3
+
+
+def test_failure_of_a_still_ready_classifier_fails_the_requests(make_pipeline):
+    classifier = Classifier({PRIMARY, SECONDARY}, fail={PRIMARY: False})  # fails but stays READY
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest([b"junk"]), ImageRequest(IMAGES[2:3])]
+    results, timings = make_pipeline(classifier).run(requests, classifier)
+
+    assert [m for m, _ in classifier.calls] == [PRIMARY]  # no retry elsewhere
+    assert len(results) == 3
+    for r in (results[0], results[2]):
+        assert isinstance(r, RequestError)
+        assert r.reason == "classifier"
+        assert PRIMARY in r.message and "is unavailable" in r.message
+    assert results[1].reason == "unsupported_format"  # its own error is kept
+    assert timings.rejected == {"unsupported_format": 1, "classifier": 2}
+
+
+def test_wrong_output_shape_is_a_classifier_failure(make_pipeline):
+    classifier = Classifier({PRIMARY}, logits=lambda batch: np.zeros((len(batch), 10), dtype=np.float32))
+    results, _ = make_pipeline(classifier).run([ImageRequest(IMAGES[0:2])], classifier)
+    assert isinstance(results[0], RequestError)
+    assert results[0].reason == "classifier"
+    assert "(2, 10)" in results[0].message and "(2, 1000)" in results[0].message
+
+
+def test_failover_when_every_classifier_goes_away(make_pipeline):
+    classifier = Classifier({PRIMARY, SECONDARY}, fail={PRIMARY: True, SECONDARY: True})
+    results, _ = make_pipeline(classifier).run([ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2])], classifier)
+    assert [m for m, _ in classifier.calls] == [PRIMARY, SECONDARY]
+    assert all(isinstance(r, RequestError) and r.reason == "classifier" for r in results)
+    assert "no classifier is ready" in results[0].message
+
+
+# ---- (f) nothing ready ---------------------------------------------------------------
+
+def test_no_classifier_ready_fails_every_request(make_pipeline):
+    classifier = Classifier(set())
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:3], topk=2)]
+    results, timings = make_pipeline(classifier).run(requests, classifier)
+    assert classifier.calls == []
+    assert len(results) == 2
+    for r in results:
+        assert isinstance(r, RequestError)
+        assert r.reason == "classifier"
+        assert PRIMARY in r.message and SECONDARY in r.message
+    assert timings.rejected == {"classifier": 2}
+
+
+# ---- (g) bad requests ----------------------------------------------------------------
+
+@pytest.mark.parametrize("topk", [0, -3, len(LABELS) + 1])
+def test_topk_out_of_range_fails_that_request_only(make_pipeline, topk):
+    classifier = Classifier({PRIMARY})
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2], topk=topk), ImageRequest(IMAGES[2:3], topk=len(LABELS))]
+    results, _ = make_pipeline(classifier).run(requests, classifier)
+    assert isinstance(results[1], RequestError)
+    assert results[1].reason == "bad_request"
+    assert f"TOPK={topk}" in results[1].message and "1..1000" in results[1].message
+    assert results[0].class_ids.shape == (1, 5)
+    assert results[2].class_ids.shape == (1, len(LABELS))
+    assert classifier.batch_sizes == [2]
+
+
+def test_empty_image_list_fails_that_request_only(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    results, _ = make_pipeline(classifier).run([ImageRequest([]), ImageRequest(IMAGES[0:1])], classifier)
+    assert isinstance(results[0], RequestError)
+    assert results[0].reason == "bad_request"
+    assert "IMAGE is empty" in results[0].message
+    assert isinstance(results[1], Prediction)
+
+
+def test_request_over_byte_limit_fails_that_request_only(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    limit = len(IMAGES[0]) + len(IMAGES[1])
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest(IMAGES[0:3])]
+    results, _ = make_pipeline(classifier, max_request_bytes=limit).run(requests, classifier)
+    assert isinstance(results[0], Prediction)
+    assert isinstance(results[1], RequestError) and results[1].reason == "too_large"
+
+
+def test_no_valid_request_means_no_child_call(make_pipeline):
+    classifier = Classifier({PRIMARY})
+    results, _ = make_pipeline(classifier).run([ImageRequest([]), ImageRequest([b"junk"])], classifier)
+    assert [r.reason for r in results] == ["bad_request", "unsupported_format"]
+    assert classifier.calls == []
