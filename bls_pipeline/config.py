@@ -22,11 +22,15 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    # Ordered preference: the first READY one answers.
+    # Main classifier, ordered preference: the first READY one answers.
     classifiers: tuple[str, ...] = ("resnet50_trt", "resnet50_onnx")
+    # Cascade: the first READY of these (cheap) classifies everything first; images whose
+    # top-1 probability is under cascade_threshold go to the main classifier. Empty: off.
+    cascade_classifiers: tuple[str, ...] = ("efficientnet_lite0_trt", "efficientnet_lite0_onnx")
+    cascade_threshold: float = 0.5
     default_topk: int = 5
-    # Images whose top-1 probability is below this get a horizontal-flip second pass
-    # whose probabilities are averaged in. 0 disables the branch.
+    # Main path (no cascade model ready, or cascade off): images whose top-1 probability
+    # is below this get a horizontal-flip second pass, averaged in. 0 disables it.
     tta_threshold: float = 0.25
     # How often (s) to look again whether a preferred classifier came back.
     route_recheck_s: float = 5.0
@@ -70,6 +74,11 @@ def _as_names(key: str, raw: str) -> tuple[str, ...]:
     return names
 
 
+def _as_optional_names(raw: str) -> tuple[str, ...]:
+    """Comma-separated names; empty or "none" means the feature is off."""
+    return () if raw.strip().lower() in ("", "none") else tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
 def parse_pipeline_config(params: dict[str, str]) -> PipelineConfig:
     unknown = sorted(set(params) - set(_keys()))
     if unknown:
@@ -91,6 +100,8 @@ def parse_pipeline_config(params: dict[str, str]) -> PipelineConfig:
     p = params.get
     return PipelineConfig(
         classifiers=_as_names("classifiers", p("classifiers")) if "classifiers" in params else d.classifiers,
+        cascade_classifiers=_as_optional_names(p("cascade_classifiers")) if "cascade_classifiers" in params else d.cascade_classifiers,
+        cascade_threshold=_as_float("cascade_threshold", p("cascade_threshold"), 0.0, 1.0) if "cascade_threshold" in params else d.cascade_threshold,
         default_topk=_as_int("default_topk", p("default_topk"), 1) if "default_topk" in params else d.default_topk,
         tta_threshold=_as_float("tta_threshold", p("tta_threshold"), 0.0, 1.0) if "tta_threshold" in params else d.tta_threshold,
         route_recheck_s=_as_float("route_recheck_s", p("route_recheck_s"), 0.0, 3600.0) if "route_recheck_s" in params else d.route_recheck_s,

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class OnnxClassifier:
     """One onnxruntime session; `run` takes the whole execute() batch in one call."""
 
-    def __init__(self, model_path: Path, intra_op_threads: int = 0):
+    def __init__(self, model_path: Path, intra_op_threads: int = 0, allow_spinning: bool = False):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -28,6 +28,8 @@ class OnnxClassifier:
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Spinning worker threads burn the cores that decode/preprocess (other stubs) need.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._session = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         names_in = [i.name for i in self._session.get_inputs()]

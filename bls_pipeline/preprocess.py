@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-__all__ = ["PreprocessSpec", "crop_box", "preprocess_into"]
+__all__ = ["PreprocessSpec", "crop_box", "preprocess_into", "renormalize"]
 
 # Resized images up to this many times resize**2 pixels are materialised (exact
 # torchvision match); beyond it, the crop box is resampled directly.
@@ -91,3 +91,16 @@ def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> 
     hwc = np.asarray(cropped)  # (crop, crop, 3) uint8
     np.multiply(hwc.transpose(2, 0, 1), spec._scale, out=out, casting="unsafe")
     out -= spec._offset
+
+
+def renormalize(batch: np.ndarray, have: PreprocessSpec, want: PreprocessSpec) -> np.ndarray | None:
+    """Re-express a batch preprocessed with `have` in `want`'s mean/std, without decoding
+    again; None when the geometry (resize, crop) differs and a fresh decode is needed."""
+    if (have.resize, have.crop) != (want.resize, want.crop):
+        return None
+    # x = (n + o_have) / s_have  and  n' = x * s_want - o_want
+    gain = (want._scale / have._scale).astype(np.float32)
+    bias = (have._offset * gain - want._offset).astype(np.float32)
+    out = batch * gain
+    out += bias
+    return out

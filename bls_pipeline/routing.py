@@ -13,8 +13,11 @@ import numpy as np
 __all__ = ["ClassifierChooser", "route_label", "low_confidence"]
 
 # Branch names as they appear in ROUTE ("<classifier>:<branch>").
-DIRECT = "direct"
-FLIP_TTA = "flip_tta"
+DIRECT = "direct"  # the main classifier answered alone
+FLIP_TTA = "flip_tta"  # main classifier, low confidence: flipped second pass averaged in
+CONFIDENT = "confident"  # cascade: the cheap classifier was sure enough
+ESCALATED = "escalated"  # cascade: the cheap one was unsure, the main classifier decided
+DEGRADED = "degraded"  # cascade: unsure, but no main classifier was ready; the cheap answer stands
 
 
 def route_label(classifier: str, branch: str) -> str:

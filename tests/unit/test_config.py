@@ -225,3 +225,13 @@ def test_load_classifier_info_missing_config(tmp_path):
     assert "classifiers parameter" in str(info.value)
     with pytest.raises(ConfigError, match="classifier absent has no"):
         load_classifier_info(tmp_path, "absent")
+
+
+def test_cascade_settings_parse_and_none_turns_it_off():
+    from bls_pipeline.config import parse_pipeline_config
+
+    on = parse_pipeline_config({"cascade_classifiers": "cheap_a, cheap_b", "cascade_threshold": "0.7"})
+    assert on.cascade_classifiers == ("cheap_a", "cheap_b") and on.cascade_threshold == 0.7
+    assert parse_pipeline_config({"cascade_classifiers": "none"}).cascade_classifiers == ()
+    with pytest.raises(ConfigError, match="cascade_threshold"):
+        parse_pipeline_config({"cascade_threshold": "1.5"})

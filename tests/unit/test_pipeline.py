@@ -18,6 +18,8 @@ from bls_pipeline.preprocess import preprocess_into
 
 LABELS = list(imagenet_labels())
 PRIMARY, SECONDARY = "cls_a", "cls_b"
+CHEAP = "cheap"  # the cascade's first stage, with its own normalisation
+CHEAP_SPEC = {"preprocess_mean": "0.498,0.498,0.498", "preprocess_std": "0.502,0.502,0.502"}
 # Fixed projection from (per-channel mean of the LEFT half of the input) to 1000 logits.
 # Left half only, so a horizontal flip changes the answer and the flip branch is visible.
 PROJECTION = np.random.default_rng(1234).normal(scale=3.0, size=(3, len(LABELS))).astype(np.float32)
@@ -72,9 +74,11 @@ def make_pipeline():
     made: list[Pipeline] = []
 
     def make(classifier: Classifier, *, max_batch: int = 64, secondary_info=None, **overrides) -> Pipeline:
-        config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0), **overrides)
+        config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0, cascade_classifiers=()),
+                                     **overrides)
         infos = {PRIMARY: classifier_info(PRIMARY, max_batch, {}),
-                 SECONDARY: secondary_info or classifier_info(SECONDARY, max_batch, {})}
+                 SECONDARY: secondary_info or classifier_info(SECONDARY, max_batch, {}),
+                 CHEAP: classifier_info(CHEAP, max_batch, CHEAP_SPEC)}
         pipeline = Pipeline(config, infos, LABELS, is_ready=classifier.is_ready)
         made.append(pipeline)
         return pipeline
@@ -327,3 +331,77 @@ def test_no_valid_request_means_no_child_call(make_pipeline):
     results, _ = make_pipeline(classifier).run([ImageRequest([]), ImageRequest([b"junk"])], classifier)
     assert [r.reason for r in results] == ["bad_request", "unsupported_format"]
     assert classifier.calls == []
+
+
+# ---- cascade --------------------------------------------------------------------------------
+def _cheap_logits(confident_rows: set[int]):
+    """Cheap model: very sure (one-hot-ish) on the listed rows, flat elsewhere."""
+    def logits(batch: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(batch), len(LABELS)), np.float32)
+        for i in range(len(batch)):
+            if i in confident_rows:
+                out[i, 7] = 50.0
+        return out
+    return logits
+
+
+class CascadeClassifier(Classifier):
+    def __init__(self, ready, confident_rows):
+        super().__init__(ready)
+        self._cheap = _cheap_logits(confident_rows)
+
+    def __call__(self, model, batch):
+        if model == CHEAP and model not in self.fail:
+            self.calls.append((model, batch.copy()))
+            return self._cheap(batch)
+        return super().__call__(model, batch)
+
+
+def test_cascade_escalates_only_unsure_images_in_one_call(make_pipeline):
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0, 2})
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    results, timings = pipe.run([ImageRequest(IMAGES[:2]), ImageRequest(IMAGES[2:4])], clf)
+    assert [m for m, _ in clf.calls] == [CHEAP, PRIMARY]
+    assert clf.batch_sizes == [4, 2]  # rows 1 and 3 escalated together
+    routes = [r.routes[:, 0].tolist() for r in results]
+    assert routes == [[b"cheap:confident", b"cls_a:escalated"], [b"cheap:confident", b"cls_a:escalated"]]
+    assert results[0].class_ids[0, 0] == 7  # the cheap model decided the confident one
+    expected = softmax(logits_for(clf.calls[1][1]))
+    np.testing.assert_allclose(results[0].scores[1], np.sort(expected[0])[::-1][:5], rtol=1e-5)
+    assert timings.routes == {"cheap:confident": 2, "cls_a:escalated": 2}
+
+
+def test_cascade_feeds_each_model_its_own_normalisation(make_pipeline):
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows=set())
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    pipe.run([ImageRequest([IMAGES[0]])], clf)
+    (_, cheap_batch), (_, main_batch) = clf.calls
+    img = decode(IMAGES[0])
+    for spec, got in ((classifier_info(CHEAP, 1, CHEAP_SPEC).preprocess, cheap_batch[0]),
+                      (classifier_info(PRIMARY, 1, {}).preprocess, main_batch[0])):
+        want = np.empty(spec.input_shape, np.float32)
+        preprocess_into(img, spec, want)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_cascade_degrades_to_the_cheap_model_when_no_main_model_is_ready(make_pipeline):
+    clf = CascadeClassifier({CHEAP}, confident_rows={0})
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    (result,), _ = pipe.run([ImageRequest(IMAGES[:2])], clf)
+    assert result.routes[:, 0].tolist() == [b"cheap:confident", b"cheap:degraded"]
+    assert [m for m, _ in clf.calls] == [CHEAP]
+
+
+def test_cascade_model_missing_falls_back_to_the_main_path(make_pipeline):
+    clf = Classifier({PRIMARY})
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    (result,), _ = pipe.run([ImageRequest(IMAGES[:1])], clf)
+    assert result.routes[0, 0] == b"cls_a:direct"
+
+
+def test_cascade_threshold_zero_never_escalates(make_pipeline):
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows=set())
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.0)
+    (result,), _ = pipe.run([ImageRequest(IMAGES[:3])], clf)
+    assert result.routes[:, 0].tolist() == [b"cheap:confident"] * 3
+    assert [m for m, _ in clf.calls] == [CHEAP]

@@ -21,7 +21,7 @@ class TritonPythonModel:
         bridge_logging(pb_utils)
         config = parse_pipeline_config(model_parameters(args))
         repo = Path(args["model_repository"]).parent
-        classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers}
+        classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers + config.cascade_classifiers}
         self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready)
 
     def execute(self, requests):

@@ -15,7 +15,11 @@ class TritonPythonModel:
         bridge_logging(pb_utils)
         params = model_parameters(args)
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.classifier = OnnxClassifier(version_dir / params["artifact"], int(params.get("intra_op_threads", "0")))
+        self.classifier = OnnxClassifier(
+            version_dir / params["artifact"],
+            intra_op_threads=int(params.get("intra_op_threads", "0")),
+            allow_spinning=params.get("allow_spinning", "0") == "1",
+        )
 
     def execute(self, requests):
         arrays = [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, contract.CLASSIFIER_INPUT.name)) for r in requests]
