@@ -6,6 +6,7 @@ so both do exactly the same work per image.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,6 +17,8 @@ from .decode import DecodePolicy, ImageError, decode
 from .preprocess import PreprocessSpec, preprocess_into
 
 __all__ = ["DecodedBatch", "decode_to_batch"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
             return None
         except ImageError as exc:
             return exc
+        except Exception:  # noqa: BLE001 - one image's surprise (MemoryError...) fails its request only
+            log.exception("decode/preprocess failed unexpectedly for one image")
+            return ImageError("internal", "could not decode or preprocess this image (internal error, logged on the server)")
 
     outcomes = list(pool.map(work, range(len(jobs)))) if len(jobs) > 1 else [work(0)] if jobs else []
     errors: dict[int, ImageError] = {}

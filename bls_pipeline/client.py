@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,12 +89,27 @@ def find_images(paths: list[str]) -> list[Path]:
     return found
 
 
-def classify_files(client: ClassifyClient, files: list[Path], topk: int | None, concurrency: int) -> list[FileResult]:
+def classify_files(url: str, protocol: str, files: list[Path], topk: int | None, concurrency: int,
+                   model: str = BLS_MODEL) -> list[FileResult]:
     """One request per file, `concurrency` in flight: Triton's dynamic batcher merges them,
-    and a bad file fails only itself."""
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        jobs = pool.map(lambda f: client.classify_file(f, topk), files)
-        return list(tqdm(jobs, total=len(files), desc="classify", unit="img", disable=len(files) < 8, file=sys.stderr))
+    and a bad file fails only itself. One client per thread (tritonclient's HTTP client
+    is not thread-safe)."""
+    local = threading.local()
+    clients: list[ClassifyClient] = []
+
+    def classify(path: Path) -> FileResult:
+        if not hasattr(local, "client"):
+            local.client = ClassifyClient(url, protocol, model=model)
+            clients.append(local.client)
+        return local.client.classify_file(path, topk)
+
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            jobs = pool.map(classify, files)
+            return list(tqdm(jobs, total=len(files), desc="classify", unit="img", disable=len(files) < 8, file=sys.stderr))
+    finally:
+        for client in clients:
+            client.close()
 
 
 def format_table(results: list[FileResult]) -> str:
@@ -128,10 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print("error: no image files found", file=sys.stderr)
         return 2
-    client = ClassifyClient(url, args.protocol, concurrency=args.concurrency)
-    try:
-        results = classify_files(client, files, args.topk, args.concurrency)
-    finally:
-        client.close()
+    results = classify_files(url, args.protocol, files, args.topk, args.concurrency)
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
     return 1 if any(r.error for r in results) else 0

@@ -7,6 +7,8 @@ Contract: `decode(data, policy)` returns an RGB `PIL.Image.Image` or raises
 from __future__ import annotations
 
 import io
+import re
+import struct
 import warnings
 from dataclasses import dataclass
 
@@ -49,14 +51,19 @@ def decode(data: bytes, policy: DecodePolicy = DecodePolicy()) -> Image.Image:
             # Pillow warns (and only warns) between MAX_IMAGE_PIXELS and 2x; we check size ourselves.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=list(policy.formats))
-    except UnidentifiedImageError:
-        if _has_allowed_signature(data, policy.formats):  # e.g. a PNG whose header CRC is broken
-            raise ImageError("corrupt", "cannot read image header: the file starts like an allowed format but is damaged") from None
-        raise ImageError("unsupported_format", f"not a decodable image (allowed formats: {', '.join(policy.formats)})") from None
     except Image.DecompressionBombError:
-        raise ImageError("too_many_pixels", f"image declares more than {policy.max_pixels} pixels") from None
+        # Pillow refuses outright above 2 * MAX_IMAGE_PIXELS (~179 M), whatever max_pixels says.
+        limit = min(policy.max_pixels, 2 * Image.MAX_IMAGE_PIXELS)
+        raise ImageError("too_many_pixels", f"image declares more than {limit} pixels") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types on bad headers
-        raise ImageError("corrupt", f"cannot read image header: {_short(exc)}") from None
+        claimed = _claimed_format(data, policy.formats)
+        if isinstance(exc, UnidentifiedImageError):
+            if claimed is None:
+                raise ImageError("unsupported_format", f"not a decodable image (allowed formats: {', '.join(policy.formats)})") from None
+            problem = _header_problem(data, claimed)  # e.g. a PNG whose header CRC is broken
+        else:
+            problem = _short(exc)
+        raise ImageError("corrupt", f"cannot read {claimed or 'image'} header: {problem}") from None
 
     width, height = img.size
     if width < 1 or height < 1:
@@ -77,20 +84,32 @@ def decode(data: bytes, policy: DecodePolicy = DecodePolicy()) -> Image.Image:
         raise ImageError("corrupt", f"cannot decode {img.format} image: {_short(exc)}") from None
 
 
+_HIGH_BIT_GREY = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
 def _to_rgb(img: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     mode = img.mode
-    if mode == "RGB":
-        return img
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        # 16-bit greyscale: scale the full range to 8 bits. Pillow's convert("L") clips at 255.
-        grey = np.asarray(img, dtype=np.float32)
-        grey = np.clip(grey / 257.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(grey, "L").convert("RGB")
+    # A PNG tRNS chunk on a 1/L/RGB/16-bit image is a colour key: pixels of exactly that
+    # value are transparent, and get the background like any other transparent pixel.
+    key = img.info.get("transparency")
+    if mode in _HIGH_BIT_GREY:
+        # 16-bit greyscale: scale the full range to 8 bits. Pillow's convert("L") clips at 255
+        # (and so does its convert("RGBA"), hence the colour key is applied here too).
+        raw = np.asarray(img)
+        grey = np.clip(raw.astype(np.float32) / 257.0 + 0.5, 0, 255).astype(np.uint8)
+        rgb = Image.fromarray(grey, "L").convert("RGB")
+        if isinstance(key, int):
+            rgb.paste(background, mask=Image.fromarray(raw == key))
+        return rgb
     if mode == "F":
         grey = np.clip(np.asarray(img, dtype=np.float32) + 0.5, 0, 255).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
-    if mode == "P":
-        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    if mode in ("1", "L", "RGB", "P") and key is not None:
+        img = img.convert("RGBA")  # Pillow turns the key (or the palette's alpha) into an alpha channel
+    elif mode == "RGB":
+        return img
+    elif mode == "P":
+        img = img.convert("RGB")
     elif mode in ("LA", "La", "PA", "RGBa"):
         img = img.convert("RGBA")
     if img.mode == "RGBA":
@@ -101,13 +120,54 @@ def _to_rgb(img: Image.Image, background: tuple[int, int, int]) -> Image.Image:
     return img.convert("RGB")
 
 
-def _has_allowed_signature(data: bytes, formats: tuple[str, ...]) -> bool:
+def _claimed_format(data: bytes, formats: tuple[str, ...]) -> str | None:
+    """The allowed format whose signature `data` starts with, if any."""
     Image.init()
     head = data[:16]
-    return any(fmt in Image.OPEN and Image.OPEN[fmt][1] is not None and bool(Image.OPEN[fmt][1](head)) for fmt in formats)
+    for fmt in formats:
+        accept = Image.OPEN[fmt][1] if fmt in Image.OPEN else None
+        if accept is not None and accept(head):
+            return fmt
+    return None
+
+
+def _header_problem(data: bytes, fmt: str) -> str:
+    """Why `fmt`'s plugin refuses `data`: Image.open only says "cannot identify image file".
+
+    Opening parses the header only (no pixels are decoded), so this costs no more than the
+    Image.open call that already failed.
+    """
+    try:
+        Image.OPEN[fmt][0](io.BytesIO(data), None).close()
+    except Exception as exc:  # noqa: BLE001 - the plugins raise SyntaxError, struct.error, ...
+        # ImageFile wraps the struct.error/EOFError of a header cut short in a SyntaxError.
+        cause = exc.args[0] if isinstance(exc, SyntaxError) and exc.args else exc
+        if isinstance(cause, (struct.error, EOFError)):
+            return "the header is truncated"
+        if isinstance(cause, KeyError):  # a header field value the plugin has no entry for
+            return f"unsupported header value {_short(cause)}"
+        if str(exc) == "not identified by this driver":  # parsed to the end without finding a frame
+            return "no image found after the signature"
+        return _short(exc)
+    return "the file starts like one but is damaged"
+
+
+# Pillow quotes bytes read from the payload in some messages: b'IHDR' is worth keeping
+# (which chunk is broken), anything else is client bytes that may hold '/' and worse.
+_BYTES_REPR = re.compile(r"""\bb(["'])((?:\\.|(?!\1).)*)\1""")
+
+
+def _bytes_repr(match: re.Match) -> str:
+    return match.group(2) if re.fullmatch(r"[A-Za-z0-9 ]{1,8}", match.group(2)) else "<bytes>"
 
 
 def _short(exc: Exception) -> str:
-    """One line from an exception, without anything that looks like a file path."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
+    """One printable line from an exception, with bytes quoted from the payload left out.
+
+    Pillow's messages never name a file here (images are opened from BytesIO); what they
+    can carry is a repr of bytes read from the payload, which may hold anything, '/' included.
+    """
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    text = _BYTES_REPR.sub(_bytes_repr, text)
+    text = "".join(ch for ch in text if ch.isprintable() and ch.isascii()).strip()
+    return text[:200] or type(exc).__name__

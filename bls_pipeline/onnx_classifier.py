@@ -1,4 +1,4 @@
-"""An ONNX classifier run by onnxruntime on CPU: the logic behind models/resnet50_onnx."""
+"""An ONNX classifier run by onnxruntime on CPU: the logic behind models/*_onnx."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class OnnxClassifier:
         except ImportError as exc:
             raise ImportError("onnxruntime is needed for the CPU classifier: pip install 'bls-pipeline[serve]'") from exc
         if not Path(model_path).exists():
-            raise FileNotFoundError(f"{model_path} is missing: export it with `python -m engine_build export`")
+            raise FileNotFoundError(f"{model_path} is missing: export it with `python -m engine_build export --model ...`")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1

@@ -49,7 +49,14 @@ class ImageRequest:
     """One client request: its encoded images and its optional TOPK."""
 
     images: Sequence[bytes]
-    topk: int | None = None
+    # TOPK as sent: one value per image (a batched input), all equal; or None for the default
+    topk: int | tuple[int, ...] | None = None
+
+    @property
+    def k(self) -> int | None:
+        if self.topk is None or isinstance(self.topk, int):
+            return self.topk
+        return self.topk[0] if self.topk else None
 
 
 @dataclass(frozen=True)
@@ -147,11 +154,11 @@ class Pipeline:
             if answer is None:
                 answer = self._main_with_flip(batch, infer)
         except ChildCallError as exc:
-            return self._fail_pending(results, str(exc), "classifier", timings), timings
+            return self._fail_pending(requests, results, str(exc), "classifier", timings), timings
         timings.classify = time.perf_counter() - t0 - timings.decode_preprocess
         if answer is None:
             tried = ", ".join(self.config.cascade_classifiers + self.config.classifiers)
-            return self._fail_pending(results, f"no classifier is ready (tried, in order: {tried})", "classifier", timings), timings
+            return self._fail_pending(requests, results, f"no classifier is ready (tried, in order: {tried})", "classifier", timings), timings
         probs, routes = answer
         for route in routes:
             timings.count(timings.routes, route.decode())
@@ -231,11 +238,13 @@ class Pipeline:
         if len(req.images) == 0:
             error = RequestError("IMAGE is empty: send at least one encoded image", "bad_request")
         elif total > self.config.max_request_bytes:
-            error = RequestError(f"request carries {total} bytes of images, over the {self.config.max_request_bytes}-byte limit", "too_large")
-        elif req.topk is not None and not 1 <= req.topk <= len(self.labels):
-            error = RequestError(f"TOPK={req.topk} is out of range: use 1..{len(self.labels)}", "bad_request")
+            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the {self.config.max_request_bytes}-byte limit", "too_large")
+        elif isinstance(req.topk, tuple) and len(set(req.topk)) > 1:
+            error = RequestError(f"TOPK differs between the images of one request ({sorted(set(req.topk))}): send one value", "bad_request")
+        elif req.k is not None and not 1 <= req.k <= len(self.labels):
+            error = RequestError(f"TOPK={req.k} is out of range: use 1..{len(self.labels)}", "bad_request")
         if error is not None:
-            timings.count(timings.rejected, error.reason)
+            timings.count(timings.rejected, error.reason, max(len(req.images), 1))
         return error
 
     def _split(self, requests, results, owners: np.ndarray | None, probs: np.ndarray, routes: np.ndarray) -> None:
@@ -243,13 +252,13 @@ class Pipeline:
             if results[r] is not None:
                 continue
             rows = np.flatnonzero(owners == r)
-            top = top_k(probs[rows], req.topk or self.config.default_topk, self.labels)
+            top = top_k(probs[rows], req.k or self.config.default_topk, self.labels)
             results[r] = Prediction(top.labels, top.scores, top.class_ids, routes[rows].reshape(-1, 1))
 
     @staticmethod
-    def _fail_pending(results, message: str, reason: str, timings: Timings) -> list[Prediction | RequestError]:
+    def _fail_pending(requests, results, message: str, reason: str, timings: Timings) -> list[Prediction | RequestError]:
         for r, res in enumerate(results):
             if res is None:
                 results[r] = RequestError(message, reason)
-                timings.count(timings.rejected, reason)
+                timings.count(timings.rejected, reason, len(requests[r].images))
         return results  # type: ignore[return-value]

@@ -8,7 +8,10 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-__all__ = ["LoadPlan", "parse_config", "plan_loading", "string_parameters"]
+__all__ = ["LoadPlan", "called_models", "parse_config", "plan_loading", "string_parameters"]
+
+# classify_bls parameters that name the models it calls (bls_pipeline.config).
+CALLEE_PARAMETERS = ("classifiers", "cascade_classifiers")
 
 # Parameter a python model sets to name the file its version folder must hold
 # (e.g. model.onnx for resnet50_onnx); without it the model is not loaded.
@@ -24,6 +27,11 @@ def string_parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
+def _family(model_name: str) -> str:
+    """engine_build's --model for a served model name (resnet50_onnx -> resnet50)."""
+    return model_name.rsplit("_", 1)[0] if model_name.endswith(("_onnx", "_trt")) else model_name
+
+
 def _version_dir(model_dir: Path) -> Path:
     return model_dir / "1"
 
@@ -37,14 +45,14 @@ def _missing_part(model_dir: Path, config: model_config_pb2.ModelConfig, backend
             return "this tritonserver has no TensorRT backend"
         plan = _version_dir(model_dir) / (config.default_model_filename or "model.plan")
         if not plan.exists():
-            return f"{plan.relative_to(model_dir.parent)} is missing: build it with `python -m engine_build trt`"
+            return f"{plan.relative_to(model_dir.parent)} is missing: build it with `python -m engine_build trt --model {_family(model_dir.name)}`"
         return None
     backend = config.backend or config.platform
     if backend not in backends:
         return f"this tritonserver has no {backend} backend"
     artifact = string_parameters(config).get(ARTIFACT_PARAMETER)
     if artifact and not (_version_dir(model_dir) / artifact).exists():
-        return f"{model_dir.name}/1/{artifact} is missing: export it with `python -m engine_build export`"
+        return f"{model_dir.name}/1/{artifact} is missing: export it with `python -m engine_build export --model {_family(model_dir.name)}`"
     return None
 
 
@@ -76,3 +84,14 @@ def plan_loading(repo: Path, backends: set[str], only: tuple[str, ...] | None = 
                 skipped[name] = f"its steps cannot load: {', '.join(missing)}"
     wanted = [n for n in configs if only is None or n in only]
     return LoadPlan(load=tuple(n for n in wanted if n not in skipped), skipped=skipped)
+
+
+def called_models(configs: dict[str, model_config_pb2.ModelConfig]) -> set[str]:
+    """Models that another model calls: ensemble steps and classify_bls's classifiers."""
+    called: set[str] = set()
+    for cfg in configs.values():
+        called.update(step.model_name for step in cfg.ensemble_scheduling.step)
+        params = string_parameters(cfg)
+        for key in CALLEE_PARAMETERS:
+            called.update(n.strip() for n in params.get(key, "").split(",") if n.strip() and n.strip() != "none")
+    return called

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import secrets
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import repository
+from .watchdog import Watchdog
 
 __all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
 
@@ -61,6 +63,8 @@ class ServerOptions:
     log_verbose: int = 0
     log_file: Path | None = None  # None: inherit stderr
     extra_args: tuple[str, ...] = ()
+    # Probe python models with real inference and reload one whose stub died (0: off).
+    watchdog_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class TritonServer:
         self.shm_prefix = f"{SHM_PREFIX}bls{os.getpid()}_{secrets.token_hex(3)}_"
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
+        self.watchdog: Watchdog | None = None
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -160,6 +165,11 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        if opts.watchdog_interval_s > 0:
+            python_models = {n: repository.parse_config(repo / n) for n in plan.load}
+            python_models = {n: c for n, c in python_models.items() if c.backend == "python"}
+            self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s)
+            self.watchdog.start()
 
     def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -186,6 +196,30 @@ class TritonServer:
     def unload_model(self, model: str) -> None:
         self._admin_post(f"/v2/repository/models/{model}/unload")
 
+    def reload_model(self, model: str) -> None:
+        """Unload then load: a plain load of a loaded, unchanged model is a no-op in Triton."""
+        self.unload_model(model)
+        self.load_model(model)
+
+    def _drain(self, timeout_s: float) -> None:
+        repo = Path(self.options.model_repository)
+        configs = {name: repository.parse_config(repo / name) for name in self.loaded}
+        called = repository.called_models(configs)
+        deadline = time.monotonic() + timeout_s
+        for stage in ([m for m in self.loaded if m not in called], [m for m in self.loaded if m in called]):
+            for model in stage:
+                self.unload_model(model)
+            while any(state in ("READY", "UNLOADING") for name, state in self._states().items() if name in stage):
+                if time.monotonic() > deadline:
+                    log.warning("models still busy after %ss of draining: stopping anyway", timeout_s)
+                    return
+                time.sleep(0.1)
+
+    def _states(self) -> dict[str, str]:
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=self.admin_headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return {m["name"]: m.get("state", "") for m in json.loads(r.read())}
+
     def _admin_post(self, path: str) -> None:
         req = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST", headers=self.admin_headers)
         with urllib.request.urlopen(req, timeout=300) as r:
@@ -195,7 +229,24 @@ class TritonServer:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self) -> int | None:
-        """Graceful stop (SIGTERM, Triton drains in-flight work), then kill what is left."""
+        """Drain, SIGTERM, then kill whatever is left (server, stubs, /dev/shm regions).
+
+        Draining unloads the models that call others (classify_bls, ensembles) before the
+        classifiers: their in-flight requests finish while the children still serve, and
+        new ones are refused at once. A plain SIGTERM stops every scheduler together, so
+        in-flight BLS requests lose their child model (and Triton 2.51 can abort).
+        """
+        watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None:
+            try:
+                watchdog.stop()
+            except Exception as exc:  # noqa: BLE001 - never let it keep the server alive
+                log.warning("stopping the watchdog failed: %s", exc)
+        if self.running():
+            try:
+                self._drain(self.options.exit_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - the SIGTERM below still stops it
+                log.warning("draining before stop failed (%s); stopping anyway", exc)
         proc, self._proc = self._proc, None
         code = None
         if proc is not None:
@@ -291,6 +342,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", help="comma-separated models to load (default: all whose parts are present)")
     p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random)")
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--watchdog-interval", type=float, default=2.0,
+                   help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
     return p.parse_args(argv)
 
 
@@ -305,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         models=tuple(args.models.split(",")) if args.models else None,
         log_verbose=args.log_verbose,
+        watchdog_interval_s=args.watchdog_interval,
     )
     if args.admin_key:
         opts.admin_key = args.admin_key

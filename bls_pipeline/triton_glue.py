@@ -63,3 +63,40 @@ def tensor_to_numpy(tensor: Any) -> np.ndarray:
 
     t = torch.from_dlpack(tensor.to_dlpack())
     return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+
+
+class PipelineMetrics:
+    """classify_bls's custom metrics on Triton's /metrics endpoint (pb_utils.MetricFamily).
+
+    bls_images_total{route}            images answered, by route ("<classifier>:<branch>")
+    bls_rejected_images_total{reason}  images in failed requests, by reason
+    bls_stage_seconds_total{stage}     seconds in decode_preprocess and classify (child calls)
+    bls_executions_total               execute() calls (mean stage latency = seconds / executions)
+    Every series also carries model and instance labels (one series per model instance).
+    """
+
+    def __init__(self, pb_utils: Any, model: str, instance: str):
+        family = pb_utils.MetricFamily
+        self._labels = {"model": model, "instance": instance}
+        self._families = {
+            "images": family(name="bls_images_total", description="Images answered by classify_bls, by route", kind=family.COUNTER),
+            "rejected": family(name="bls_rejected_images_total", description="Images in rejected requests, by reason", kind=family.COUNTER),
+            "seconds": family(name="bls_stage_seconds_total", description="Seconds spent per pipeline stage", kind=family.COUNTER),
+            "executions": family(name="bls_executions_total", description="execute() calls of classify_bls", kind=family.COUNTER),
+        }
+        self._metrics: dict[tuple, Any] = {}
+
+    def _metric(self, family: str, **labels: str) -> Any:
+        key = (family, *sorted(labels.items()))
+        if key not in self._metrics:
+            self._metrics[key] = self._families[family].Metric(labels={**self._labels, **labels})
+        return self._metrics[key]
+
+    def record(self, timings: Any) -> None:
+        self._metric("executions").increment(1)
+        self._metric("seconds", stage="decode_preprocess").increment(timings.decode_preprocess)
+        self._metric("seconds", stage="classify").increment(timings.classify)
+        for route, n in timings.routes.items():
+            self._metric("images", route=route).increment(n)
+        for reason, n in timings.rejected.items():
+            self._metric("rejected", reason=reason).increment(n)

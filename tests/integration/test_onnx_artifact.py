@@ -12,8 +12,9 @@ def _dims(value_info):
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
-def test_exported_onnx_names_and_dims(onnx_model):
-    model = onnx.load(str(onnx_model))
+@pytest.mark.parametrize("artifact", ["onnx_model", "effnet_onnx_model"])  # resnet50 (random), efficientnet_lite0 (pretrained)
+def test_exported_onnx_names_and_dims(artifact, request):
+    model = onnx.load(str(request.getfixturevalue(artifact)))
     (inp,), (out,) = model.graph.input, model.graph.output
     assert inp.name == contract.CLASSIFIER_INPUT.name and out.name == contract.CLASSIFIER_OUTPUT.name
     assert _dims(inp) == ["batch", *contract.CLASSIFIER_INPUT.dims]  # dynamic batch axis

@@ -45,5 +45,11 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
         assert f"== classify_bls over {protocol}" in proc.stdout
     for sample in sorted(Path(repo_root / "samples").glob("*.jpg")):
         assert proc.stdout.count(sample.name) == 2  # once per protocol
-    assert proc.stdout.count("resnet50_onnx:direct") >= 2 * 4
+    # The test repo's resnet50 has random weights: the main job must not serve it, so every
+    # label comes from efficientnet_lite0's real weights.
+    assert "RANDOM weights (a test export): not serving it" in proc.stdout
+    assert "resnet50_onnx:" not in proc.stdout.split("== classify_bls over HTTP")[1]
+    http = proc.stdout.split("== classify_bls over HTTP")[1].split("== classify_bls over GRPC")[0]
+    assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_onnx:confident", http), http
+    assert re.search(r"coffee\.jpg\s+0\.\d+\s+espresso \(967\)", http), http
     assert "server stopped." in proc.stdout

@@ -55,6 +55,28 @@ def test_palette_png_with_transparency(encode):
     assert row[1].tolist() == list(BLUE)
 
 
+@pytest.mark.parametrize(
+    ("mode", "values", "key", "opaque"),
+    [("RGB", [(1, 2, 3), (200, 40, 90)], (1, 2, 3), (200, 40, 90)),
+     ("L", [7, 77], 7, (77, 77, 77)),
+     ("I;16", [7 * 257, 77 * 257], 7 * 257, (77, 77, 77)),  # scaled to 8 bits, key matched on the 16-bit value
+     ("1", [0, 255], 0, WHITE)],
+    ids=["rgb", "grey", "grey-16bit", "one-bit"],
+)
+def test_png_colour_key_composites_onto_background(encode, mode, values, key, opaque):
+    """A tRNS colour key makes pixels of exactly that value transparent, as a palette PNG's tRNS does."""
+    if mode == "I;16":
+        img = Image.fromarray(np.array([values], dtype=np.uint16))
+    else:
+        img = Image.new(mode, (2, 1))
+        img.putdata(values)
+    data = encode(img, "PNG", transparency=key)
+    assert Image.open(io.BytesIO(data)).info["transparency"] == key  # the decode path under test
+    row = _pixels(decode(data, DecodePolicy(background=(0, 128, 0))))[0]
+    assert row[0].tolist() == [0, 128, 0]
+    assert row[1].tolist() == list(opaque)
+
+
 def test_rgba_png_composites_alpha_onto_white(encode):
     rgba = Image.new("RGBA", (3, 1))
     rgba.putdata([(255, 0, 0, 0), (0, 0, 255, 255), (255, 0, 0, 128)])
@@ -219,6 +241,25 @@ def test_png_with_corrupted_crc(encode):
     data[29] ^= 0xFF  # first byte of the IHDR chunk's CRC; the PNG signature is intact
     err = _decode_error(bytes(data))
     assert err.reason == "corrupt"
+    assert str(err) == "cannot read PNG header: broken PNG file (bad header checksum in IHDR)"
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [(PNG_SIGNATURE, "cannot read PNG header: the header is truncated"),
+     # Pillow quotes the bad chunk name; the client's bytes (a '/' here) are not echoed back.
+     (PNG_SIGNATURE + struct.pack(">I", 13) + b"IH/R" + bytes(17), "cannot read PNG header: broken PNG file (chunk <bytes>)"),
+     (b"\xff\xd8\xff" + bytes(64), "cannot read JPEG header: no image found after the signature"),
+     (b"GIF89a" + bytes(5), "cannot read GIF header: the header is truncated")],
+    ids=["png-signature-only", "png-bad-chunk-name", "jpeg-no-frame", "gif-short"],
+)
+def test_damaged_header_names_the_format_and_the_problem(data, expected):
+    err = _decode_error(data)
+    assert err.reason == "corrupt"
+    assert str(err) == expected
 
 
 def test_png_with_corrupted_image_data(encode, noise_image):

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
 from bls_pipeline.config import load_classifier_info, parse_pipeline_config
+from bls_pipeline.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
 from bls_pipeline.repository import parse_config, string_parameters
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-CLASSIFIERS = ["resnet50_onnx", "resnet50_trt"]
+# Classifiers by weights: the ONNX (CPU) and TensorRT (GPU) model of one set of weights.
+SAME_WEIGHTS = {
+    "resnet50": ("resnet50_onnx", "resnet50_trt"),
+    "efficientnet_lite0": ("efficientnet_lite0_onnx", "efficientnet_lite0_trt"),
+}
+CLASSIFIERS = [name for pair in SAME_WEIGHTS.values() for name in pair]
 
 
 def _dtype(spec: contract.TensorSpec) -> int:
@@ -55,9 +64,64 @@ def test_classifier_contract(name):
     assert info.preprocess.input_shape == contract.CLASSIFIER_INPUT.dims
 
 
-def test_classifiers_share_preprocessing_with_the_same_weights():
-    onnx, trt = (load_classifier_info(MODELS, n) for n in CLASSIFIERS)
+@pytest.mark.parametrize("weights", sorted(SAME_WEIGHTS))
+def test_classifiers_share_preprocessing_with_the_same_weights(weights):
+    onnx, trt = (load_classifier_info(MODELS, n) for n in SAME_WEIGHTS[weights])
     assert onnx.preprocess == trt.preprocess
+
+
+@pytest.mark.parametrize("weights", sorted(SAME_WEIGHTS))
+def test_onnx_and_trt_models_of_the_same_weights(weights):
+    onnx_name, trt_name = SAME_WEIGHTS[weights]
+    onnx, trt = parse_config(MODELS / onnx_name), parse_config(MODELS / trt_name)
+    assert onnx.backend == "python" and string_parameters(onnx)["artifact"] == "model.onnx"
+    assert [g.kind for g in onnx.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_CPU]
+    assert trt.platform == "tensorrt_plan"
+    assert [g.kind for g in trt.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
+    assert onnx.HasField("dynamic_batching") and trt.HasField("dynamic_batching")
+    assert onnx.max_batch_size == trt.max_batch_size
+
+
+def test_onnx_classifiers_share_one_adapter():
+    """efficientnet_lite0_onnx runs resnet50_onnx's model.py through a relative symlink, not a copy."""
+    link = MODELS / "efficientnet_lite0_onnx" / "1" / "model.py"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert link.resolve() == (MODELS / "resnet50_onnx" / "1" / "model.py").resolve()
+    assert string_parameters(parse_config(link.parent.parent)).keys() == string_parameters(parse_config(MODELS / "resnet50_onnx")).keys()
+
+
+def test_classifier_families_have_their_own_preprocessing():
+    """Same geometry, different normalisation: the spec is per classifier, not global."""
+    resnet = load_classifier_info(MODELS, "resnet50_onnx").preprocess
+    effnet = load_classifier_info(MODELS, "efficientnet_lite0_onnx").preprocess
+    assert (effnet.resize, effnet.crop) == (resnet.resize, resnet.crop) == (256, 224)
+    assert resnet.mean == IMAGENET_MEAN and resnet.std == IMAGENET_STD
+    assert effnet.mean != resnet.mean and effnet.std != resnet.std
+    assert effnet != resnet
+
+
+def test_efficientnet_spec_is_its_training_normalisation():
+    """efficientnet_lite0's weights were trained on (x - 127) / 128 of 0-255 pixels."""
+    spec = load_classifier_info(MODELS, "efficientnet_lite0_onnx").preprocess
+    for value in (0, 64, 127, 128, 200, 255):
+        out = np.empty(spec.input_shape, np.float32)
+        preprocess_into(Image.new("RGB", (300, 260), (value,) * 3), spec, out)
+        np.testing.assert_allclose(out, (value - 127) / 128, atol=1e-3, err_msg=f"pixel value {value}")
+
+
+def test_imagenet_normalisation_gives_efficientnet_a_different_input():
+    """resnet50's mean/std on a real photo leave efficientnet's [-1, 1] training range."""
+    from bls_pipeline.decode import DecodePolicy, decode
+
+    img = decode((MODELS.parent / "samples" / "mug.jpg").read_bytes(), DecodePolicy())
+    inputs = {}
+    for name in ("efficientnet_lite0_onnx", "resnet50_onnx"):
+        inputs[name] = np.empty(contract.CLASSIFIER_INPUT.dims, np.float32)
+        preprocess_into(img, load_classifier_info(MODELS, name).preprocess, inputs[name])
+    right, wrong = inputs["efficientnet_lite0_onnx"], inputs["resnet50_onnx"]
+    assert right.min() >= -1.0 and right.max() <= 1.0
+    assert wrong.min() < -1.5 and wrong.max() > 1.5
+    assert np.abs(right - wrong).mean() > 0.4
 
 
 def test_ensemble_baseline_contract():

@@ -259,7 +259,7 @@ def test_failure_of_a_still_ready_classifier_fails_the_requests(make_pipeline):
         assert r.reason == "classifier"
         assert PRIMARY in r.message and "is unavailable" in r.message
     assert results[1].reason == "unsupported_format"  # its own error is kept
-    assert timings.rejected == {"unsupported_format": 1, "classifier": 2}
+    assert timings.rejected == {"unsupported_format": 1, "classifier": 3}  # images: 2 + 1
 
 
 def test_wrong_output_shape_is_a_classifier_failure(make_pipeline):
@@ -290,7 +290,7 @@ def test_no_classifier_ready_fails_every_request(make_pipeline):
         assert isinstance(r, RequestError)
         assert r.reason == "classifier"
         assert PRIMARY in r.message and SECONDARY in r.message
-    assert timings.rejected == {"classifier": 2}
+    assert timings.rejected == {"classifier": 3}  # counted in images: 1 + 2
 
 
 # ---- (g) bad requests ----------------------------------------------------------------

@@ -13,7 +13,7 @@ from bls_pipeline import contract
 from bls_pipeline.config import load_classifier_info, parse_pipeline_config
 from bls_pipeline.labels import imagenet_labels
 from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction
-from bls_pipeline.triton_glue import bridge_logging, model_parameters, tensor_from_numpy, tensor_to_numpy
+from bls_pipeline.triton_glue import PipelineMetrics, bridge_logging, model_parameters, tensor_from_numpy, tensor_to_numpy
 
 
 class TritonPythonModel:
@@ -23,10 +23,12 @@ class TritonPythonModel:
         repo = Path(args["model_repository"]).parent
         classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers + config.cascade_classifiers}
         self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready)
+        self.metrics = PipelineMetrics(pb_utils, args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
         inputs = [self._read(r) for r in requests]
-        results, _ = self.pipeline.run(inputs, self._infer)
+        results, timings = self.pipeline.run(inputs, self._infer)
+        self.metrics.record(timings)
         responses = [self._respond(res) for res in results]
         assert len(responses) == len(requests), "one response per request"
         return responses
@@ -37,9 +39,12 @@ class TritonPythonModel:
     # ---- pb_utils <-> bls_pipeline ----------------------------------------------------
     @staticmethod
     def _read(request) -> ImageRequest:
-        images = pb_utils.get_input_tensor_by_name(request, contract.IMAGE.name).as_numpy().reshape(-1)
+        image = pb_utils.get_input_tensor_by_name(request, contract.IMAGE.name)
         topk = pb_utils.get_input_tensor_by_name(request, contract.TOPK.name)
-        return ImageRequest(images=list(images), topk=int(topk.as_numpy().reshape(-1)[0]) if topk is not None else None)
+        return ImageRequest(
+            images=[] if image is None else list(image.as_numpy().reshape(-1)),  # none: the pipeline says so
+            topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
+        )
 
     def _infer(self, model: str, batch: np.ndarray) -> np.ndarray:
         request = pb_utils.InferenceRequest(

@@ -1,4 +1,5 @@
-"""Triton adapter for resnet50_onnx: one onnxruntime run per execute() batch."""
+"""Triton adapter for the *_onnx classifiers (efficientnet_lite0_onnx links here): one
+onnxruntime run per execute() batch, the model file named by the `artifact` parameter."""
 
 from pathlib import Path
 

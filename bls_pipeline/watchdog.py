@@ -1,0 +1,119 @@
+"""Bring back models whose python stub died.
+
+Triton 2.51 never restarts a python-backend stub that was killed (OOM killer, SIGKILL):
+the model stays READY in every health API while each request fails with "Stub process
+'<model>_<i>_<j>' is not healthy". The watchdog sends each python model a small real
+inference every `interval_s`; on that error it unloads and loads the model named in it,
+logging loudly. Probe timeouts (a busy server) never trigger a reload.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["Recovery", "Watchdog", "dead_stub_model"]
+
+log = logging.getLogger(__name__)
+
+_DEAD_STUB = re.compile(r"Stub process '(?P<instance>[^']+)' is not healthy")
+
+
+def dead_stub_model(message: str) -> str | None:
+    """Model whose stub an error message reports dead ('<model>_<group>_<index>'), or None."""
+    m = _DEAD_STUB.search(message)
+    return re.sub(r"_\d+_\d+$", "", m.group("instance")) if m else None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    model: str
+    detected_at: float  # time.monotonic()
+    recovered_at: float | None  # None: the reload failed
+
+
+_NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8}
+
+
+def _tiny_jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (120, 120, 120)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _probe_inputs(tc, config) -> list:
+    """A batch-1 request from a model's config: a tiny JPEG for strings, zeros otherwise."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    inputs = []
+    for spec in config.input:
+        if spec.optional:
+            continue
+        dims = [1 if d < 0 else d for d in ([1] if config.max_batch_size > 0 else []) + list(spec.dims)]
+        dtype = mc.DataType.Name(spec.data_type).replace("TYPE_", "")
+        if dtype == "STRING":
+            tensor, data = tc.InferInput(spec.name, dims, "BYTES"), np.full(dims, _tiny_jpeg(), dtype=object)
+        else:
+            tensor, data = tc.InferInput(spec.name, dims, dtype), np.zeros(dims, dtype=_NUMPY[dtype])
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    return inputs
+
+
+class Watchdog(threading.Thread):
+    def __init__(self, url: str, configs: dict, reload: Callable[[str], None], interval_s: float = 2.0,
+                 probe_timeout_s: float = 10.0):
+        super().__init__(name="bls-watchdog", daemon=True)
+        import tritonclient.http as tc
+
+        self._tc = tc
+        self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s, connection_timeout=probe_timeout_s)
+        self._probes = {name: _probe_inputs(tc, cfg) for name, cfg in configs.items()}
+        self._reload = reload
+        self._interval = interval_s
+        self._halt = threading.Event()
+        self.recoveries: list[Recovery] = []
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+        self._client.close()
+
+    def run(self) -> None:
+        while not self._halt.wait(self._interval):
+            for model, inputs in self._probes.items():
+                if self._halt.is_set():
+                    return
+                dead = self._probe(model, inputs)
+                if dead is not None:
+                    self._recover(dead)
+
+    def _probe(self, model: str, inputs: list) -> str | None:
+        try:
+            self._client.infer(model, inputs)
+        except Exception as exc:  # noqa: BLE001 - only the dead-stub message matters
+            dead = dead_stub_model(str(exc))
+            if dead in self._probes:
+                return dead
+        return None
+
+    def _recover(self, model: str) -> None:
+        detected = time.monotonic()
+        log.error("WATCHDOG: the python stub of model %r is dead (Triton still reports it READY); reloading it", model)
+        try:
+            self._reload(model)
+        except Exception as exc:  # noqa: BLE001
+            log.error("WATCHDOG: reloading %r FAILED: %s", model, exc)
+            self.recoveries.append(Recovery(model, detected, None))
+            return
+        recovered = time.monotonic()
+        log.error("WATCHDOG: model %r reloaded, serving again after %.1f s", model, recovered - detected)
+        self.recoveries.append(Recovery(model, detected, recovered))

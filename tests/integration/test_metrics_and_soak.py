@@ -1,0 +1,140 @@
+"""Custom metrics after known traffic, and a bounded soak with mixed good and bad images."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from bls_pipeline.client import ClassifyClient
+
+pytestmark = pytest.mark.integration
+FAILOVER = "classify_bls_failover"
+BAD = b"<html>not an image</html>"
+WARMUP_S = 15.0
+
+
+def scrape(server, metric: str, model: str) -> dict[str, float]:
+    """{label value that is not model/instance: value summed over instances} for one metric."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        m = re.match(rf"^{metric}\{{(.*)\}} (\S+)$", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("model") != model:
+            continue
+        key = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("model", "instance"))
+        out[key] += float(m.group(2))
+    return dict(out)
+
+
+def test_custom_metrics_count_routes_rejections_and_time(server, sample_images):
+    before = {m: scrape(server, m, FAILOVER) for m in ("bls_images_total", "bls_rejected_images_total", "bls_stage_seconds_total")}
+    client = ClassifyClient(server.http_url, "http", model=FAILOVER)
+    client.classify([sample_images["mug"], sample_images["coffee"]])
+    client.classify([sample_images["camera"]])
+    for payload in ([BAD], [sample_images["mug"], b""], [b"x" * 10]):
+        with pytest.raises(InferenceServerException):
+            client.classify(payload)
+    client.close()
+    after = {m: scrape(server, m, FAILOVER) for m in before}
+
+    def delta(metric, key):
+        return after[metric].get(key, 0) - before[metric].get(key, 0)
+
+    assert delta("bls_images_total", "route=resnet50_onnx:direct") == 3
+    assert delta("bls_rejected_images_total", "reason=unsupported_format") == 2  # BAD and b"x"*10
+    assert delta("bls_rejected_images_total", "reason=empty") == 1
+    assert delta("bls_stage_seconds_total", "stage=decode_preprocess") > 0
+    assert delta("bls_stage_seconds_total", "stage=classify") > 0
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _processes(server) -> dict[int, str]:
+    """tritonserver and its python stubs: pid -> name (model instance for stubs)."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().split(") ")[1].split()[2]) != server.pid:  # process group
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        # a python stub's argv[8] is its model instance name (e.g. classify_bls_0_1)
+        out[int(proc.name)] = argv[8].decode() if b"stub" in argv[0] and len(argv) > 8 else Path(argv[0].decode()).name
+    return out
+
+
+def test_soak_mixed_traffic_loses_nothing(model_repo, tmp_path, server_factory, sample_images, soak_seconds):
+    """16 clients (8 HTTP, 8 gRPC), every 5th request bad, for --soak-seconds."""
+    srv = server_factory(model_repo, tmp_path, models=(FAILOVER, "resnet50_onnx", "efficientnet_lite0_onnx"))
+    prefix = srv.shm_prefix
+    good_images = list(sample_images.values())
+    counts = defaultdict(int)
+    failures: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def loop(worker: int):
+        client = ClassifyClient(srv.http_url if worker % 2 else srv.grpc_url, "http" if worker % 2 else "grpc", model=FAILOVER)
+        i = worker
+        while not stop.is_set():
+            bad = i % 5 == 0
+            payload = [BAD] if bad else [good_images[i % len(good_images)]]
+            i += 1
+            try:
+                out = client.classify(payload, topk=1)
+                ok = not bad and out["LABELS"].shape == (1, 1)
+                key = "good_ok" if ok else "bad_answered"
+            except InferenceServerException as exc:
+                key = "bad_rejected" if bad and "IMAGE[0]: not a decodable image" in exc.message() else "good_failed"
+                if key == "good_failed":
+                    with lock:
+                        failures.append(exc.message())
+            with lock:
+                counts[key] += 1
+        client.close()
+
+    try:
+        threads = [threading.Thread(target=loop, args=(w,), daemon=True) for w in range(16)]
+        for t in threads:
+            t.start()
+        time.sleep(WARMUP_S)  # allocator pools, thread pools, gRPC/HTTP buffers fill up first
+        rss_start = {pid: (name, _rss_kib(pid)) for pid, name in _processes(srv).items()}
+        series = []
+        t_end = time.monotonic() + soak_seconds
+        while time.monotonic() < t_end:
+            time.sleep(min(5.0, max(0.0, t_end - time.monotonic())))
+            series.append(sum(_rss_kib(pid) for pid in rss_start))
+        rss_end = {pid: _rss_kib(pid) for pid in rss_start}
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a request never came back"
+    finally:
+        stop.set()
+        srv.stop()
+
+    report = {name: (start, rss_end[pid]) for pid, (name, start) in rss_start.items()}
+    print(f"soak {soak_seconds:.0f}s: {dict(counts)}; RSS KiB start->end: {report}; total RSS every 5 s: {series}")
+    assert failures == [] and counts["good_failed"] == 0
+    assert counts["bad_answered"] == 0 and counts["bad_rejected"] > 0 and counts["good_ok"] > 0
+    for name, (start, end) in report.items():
+        assert end <= start * 1.05, f"{name}: RSS grew from {start} to {end} KiB"
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix)]
