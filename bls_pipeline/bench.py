@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS
+from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
 from .decode import DecodePolicy, decode
 from .preprocess import PreprocessSpec, preprocess_into
 
@@ -34,6 +34,9 @@ __all__ = ["main", "make_image_set", "run_point"]
 REPO = Path(__file__).resolve().parent.parent
 CLASSIFIER = "resnet50_onnx"
 TARGETS = ("classifier", "classify_bls", "ensemble_resnet50")
+# Cascade variants (efficientnet_lite0 first, unsure images to resnet50) at two thresholds.
+DRAFT = DecodePolicy().draft_min_side
+CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Point:
     errors: int
     server_queue_ms: float  # per request, this model's own queue
     server_compute_ms: float  # per request, compute input + infer + output
+    escalated_fraction: float | None = None  # cascade targets: share of images resnet50 decided
 
 
 def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
@@ -75,6 +79,14 @@ def _tensor_set(images: list[bytes]) -> list[np.ndarray]:
     return tensors
 
 
+def _model(target: str) -> str:
+    if target == "classifier":
+        return CLASSIFIER
+    if target in CASCADES:
+        return "classify_bls_cascade_" + CASCADES[target].replace(".", "")
+    return target
+
+
 def _request(tc, target: str, payload) -> tuple[str, list, list]:
     """Model name, inputs and outputs for one request, built once and reused."""
     if target == "classifier":
@@ -83,7 +95,10 @@ def _request(tc, target: str, payload) -> tuple[str, list, list]:
         return CLASSIFIER, [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
     inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
     inp.set_data_from_numpy(np.array([[payload]], dtype=object))
-    return target, [inp], [tc.InferRequestedOutput(LABELS.name)]
+    outputs = [tc.InferRequestedOutput(LABELS.name)]
+    if target in CASCADES:
+        outputs.append(tc.InferRequestedOutput(ROUTE.name))
+    return _model(target), [inp], outputs
 
 
 def _server_stats(client, model: str) -> dict[str, int]:
@@ -101,6 +116,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from = [float("inf")]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
+    escalated = [0] * concurrency
     start_gate = threading.Barrier(concurrency + 1)
 
     def worker(w: int) -> None:
@@ -115,13 +131,15 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
             if t0 >= stop_at[0]:
                 break
             try:
-                client.infer(model, inputs, outputs=outputs)
+                result = client.infer(model, inputs, outputs=outputs)
                 ok = True
             except Exception:  # noqa: BLE001 - counted, the loop goes on
                 ok = False
             if t0 >= record_from[0]:
                 if ok:
                     latencies[w].append(time.perf_counter() - t0)
+                    if len(outputs) > 1 and b":escalated" in result.as_numpy(ROUTE.name)[0, 0]:
+                        escalated[w] += 1
                 else:
                     errors[w] += 1
         client.close()
@@ -130,7 +148,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     for t in threads:
         t.start()
     stats_client = tc.InferenceServerClient(url)
-    model = CLASSIFIER if target == "classifier" else target
+    model = _model(target)
     start_gate.wait()
     now = time.perf_counter()
     record_from[0], stop_at[0] = now + warmup_s, now + warmup_s + duration_s
@@ -145,7 +163,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     n = max(after["count"] - before["count"], 1)
     pct = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
     return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
-                 (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6)
+                 (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
+                 sum(escalated) / len(lat) if target in CASCADES and len(lat) else None)
 
 
 def _client_module(protocol: str):
@@ -162,7 +181,7 @@ def time_preprocess(images: dict[str, bytes], repeats: int = 20) -> list[dict]:
     out = np.empty(spec.input_shape, np.float32)
     rows = []
     for name, data in images.items():
-        for draft in (512, 0):
+        for draft in (DRAFT, 0):
             policy = DecodePolicy(draft_min_side=draft)
             times = []
             for _ in range(repeats):
@@ -181,7 +200,7 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     spec = PreprocessSpec()
     batch = np.empty((2, *spec.input_shape), np.float32)
-    preprocess_into(decode(data, DecodePolicy(draft_min_side=512)), spec, batch[0])
+    preprocess_into(decode(data, DecodePolicy(draft_min_side=DRAFT)), spec, batch[0])
     preprocess_into(decode(data, DecodePolicy(draft_min_side=0)), spec, batch[1])
     top = session.run([CLASSIFIER_OUTPUT.name], {CLASSIFIER_INPUT.name: batch})[0].argmax(axis=1)
     return int(top[0]), int(top[1])
@@ -190,12 +209,14 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
 # ---- reporting --------------------------------------------------------------------------
 def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request.",
-             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request; "
+             f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
+             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
+        esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}"
         lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
-                     f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} |")
+                     f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
     ratios = meta.get("ratios", {})
     if ratios:
         lines += ["", "| ratio | value |", "|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in ratios.items()]
@@ -220,9 +241,12 @@ def ratios(points: list[Point], prep: list[dict]) -> dict[str, float]:
     if ("classify_bls", c1) in by and ("classifier", c1) in by and small:
         out[f"classify_bls p50 - (classifier p50 + preprocess) ms at c={c1}"] = (
             by["classify_bls", c1].p50_ms - by["classifier", c1].p50_ms - small[0]["ms_per_image"])
+    for name in CASCADES:
+        if (name, c8) in by and ("classify_bls", c8) in by:
+            out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
     big = {r["draft_min_side"]: r["ms_per_image"] for r in prep if r["image"].startswith("12MP")}
     if len(big) == 2:
-        out["12MP full decode / draft decode time"] = big[0] / big[512]
+        out["12MP full decode / draft decode time"] = big[0] / big[DRAFT]
     return out
 
 
@@ -261,9 +285,22 @@ def _bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "__pycache__"))
     for artifact in list(src.glob("*/1/*.onnx")) + list(src.glob("*/1/*.plan")):
         (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
-    if not keep_branches:
-        cfg = dst / "classify_bls" / "config.pbtxt"
-        cfg.write_text(re.sub(r'(key: "tta_threshold", value: \{ string_value: )"[^"]*"', r'\1"0"', cfg.read_text()))
+    base = (dst / "classify_bls" / "config.pbtxt").read_text()
+    if not keep_branches:  # resnet50 alone, no flip pass: the same work as the ensemble
+        _set_params(dst / "classify_bls", base, {"cascade_classifiers": "none", "tta_threshold": "0"})
+    for threshold in CASCADES.values():
+        name = "classify_bls_cascade_" + threshold.replace(".", "")
+        (dst / name).mkdir()
+        (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
+        _set_params(dst / name, base.replace('name: "classify_bls"', f'name: "{name}"'),
+                    {"cascade_threshold": threshold, "tta_threshold": "0"})
+
+
+def _set_params(model_dir: Path, config: str, params: dict[str, str]) -> None:
+    for key, value in params.items():
+        config, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', config)
+        assert n == 1, f"{key} not in classify_bls's config.pbtxt"
+    (model_dir / "config.pbtxt").write_text(config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep")
     p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
-    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--targets", default=",".join(TARGETS), help=f"any of {', '.join(TARGETS + tuple(CASCADES))}")
+    p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="use a running server (its own config) instead of starting one")
     p.add_argument("--model-repository", type=Path, default=REPO / "models")
@@ -280,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     targets = [t for t in args.targets.split(",") if t]
-    bad = sorted(set(targets) - set(TARGETS))
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES))
     if bad:
-        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS)}")
+        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))}")
 
     samples = sorted((REPO / "samples").glob("*.jpg"))
     images = make_image_set(samples)
@@ -308,10 +346,14 @@ def main(argv: list[str] | None = None) -> int:
                                                 log_file=workdir / "tritonserver.log"))
             server.start()
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
-        grid = [(t, c) for c in concurrency for t in targets]  # interleaved: drift hits every target alike
-        for target, c in tqdm(grid, desc="bench", unit="point"):
+        # Interleaved (every target at one concurrency, then the next; rounds outermost):
+        # drift on a shared machine hits every target alike.
+        grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]
+        runs: dict[tuple[str, int], list[Point]] = {}
+        for _, target, c in tqdm(grid, desc="bench", unit="point"):
             payloads = tensors if target == "classifier" else images
-            points.append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
+            runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
+        points = [sorted(rs, key=lambda pt: pt.images_per_s)[len(rs) // 2] for rs in runs.values()]
     finally:
         if server is not None:
             server.stop()
@@ -320,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
     points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
     meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
+            "rounds": args.rounds,
             "keep_branches": args.keep_branches, "top1_12mp_draft_vs_full": top1}
     meta["ratios"] = ratios(points, prep)
     args.out.mkdir(parents=True, exist_ok=True)

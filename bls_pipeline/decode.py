@@ -37,7 +37,7 @@ class DecodePolicy:
     formats: tuple[str, ...] = DEFAULT_FORMATS
     # JPEG DCT-domain downscale: decode at 1/2, 1/4 or 1/8 scale as long as the shorter
     # side stays >= draft_min_side. 0 disables it (full decode).
-    draft_min_side: int = 512
+    draft_min_side: int = 256  # = the resize target: decode at the smallest scale that still covers it
     background: tuple[int, int, int] = (255, 255, 255)  # alpha is composited onto this
 
 

@@ -298,6 +298,9 @@ def _find_binary(workdir: Path) -> _Binary:
     # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
     # so models import the same bls_pipeline, numpy and torch (a venv's included).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # glibc gives every busy thread its own malloc arena; Triton's many threads then grow
+    # resident memory for a long while under load. Two arenas keep it flat (soak test).
+    env.setdefault("MALLOC_ARENA_MAX", "2")
     libdir = sysconfig.get_config_var("LIBDIR") or ""
 
     on_path = shutil.which("tritonserver")

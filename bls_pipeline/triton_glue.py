@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -54,14 +55,18 @@ def tensor_from_numpy(pb_utils: Any, name: str, array: np.ndarray) -> Any:
     """numpy -> pb_utils.Tensor through DLPack (torch.from_numpy shares the buffer)."""
     import torch
 
-    return pb_utils.Tensor.from_dlpack(name, torch.from_numpy(np.ascontiguousarray(array)))
+    from torch.utils.dlpack import to_dlpack
+
+    return pb_utils.Tensor.from_dlpack(name, to_dlpack(torch.from_numpy(np.ascontiguousarray(array))))
 
 
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
     """pb_utils.Tensor (CPU or CUDA) -> numpy through DLPack; CUDA data is copied to host."""
     import torch
 
-    t = torch.from_dlpack(tensor.to_dlpack())
+    from torch.utils.dlpack import from_dlpack
+
+    t = from_dlpack(tensor.to_dlpack())
     return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
 
 
@@ -73,9 +78,13 @@ class PipelineMetrics:
     bls_stage_seconds_total{stage}     seconds in decode_preprocess and classify (child calls)
     bls_executions_total               execute() calls (mean stage latency = seconds / executions)
     Every series also carries model and instance labels (one series per model instance).
+
+    Each Metric.increment is a round trip to the Triton process, so counts accumulate
+    here and go out at most every `flush_s` (and at finalize): the endpoint lags by up
+    to that much, and execute() stays ~2 ms faster at concurrency 1.
     """
 
-    def __init__(self, pb_utils: Any, model: str, instance: str):
+    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.5):
         family = pb_utils.MetricFamily
         self._labels = {"model": model, "instance": instance}
         self._families = {
@@ -85,18 +94,41 @@ class PipelineMetrics:
             "executions": family(name="bls_executions_total", description="execute() calls of classify_bls", kind=family.COUNTER),
         }
         self._metrics: dict[tuple, Any] = {}
+        self._pending: dict[tuple, float] = {}
+        self._flush_s = flush_s
+        self._flushed_at = time.monotonic()
 
-    def _metric(self, family: str, **labels: str) -> Any:
+    def _add(self, family: str, value: float, **labels: str) -> None:
         key = (family, *sorted(labels.items()))
-        if key not in self._metrics:
-            self._metrics[key] = self._families[family].Metric(labels={**self._labels, **labels})
-        return self._metrics[key]
+        self._pending[key] = self._pending.get(key, 0.0) + value
 
     def record(self, timings: Any) -> None:
-        self._metric("executions").increment(1)
-        self._metric("seconds", stage="decode_preprocess").increment(timings.decode_preprocess)
-        self._metric("seconds", stage="classify").increment(timings.classify)
+        self._add("executions", 1)
+        self._add("seconds", timings.decode_preprocess, stage="decode_preprocess")
+        self._add("seconds", timings.classify, stage="classify")
         for route, n in timings.routes.items():
-            self._metric("images", route=route).increment(n)
+            self._add("images", n, route=route)
         for reason, n in timings.rejected.items():
-            self._metric("rejected", reason=reason).increment(n)
+            self._add("rejected", n, reason=reason)
+        if time.monotonic() - self._flushed_at >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        for key, value in self._pending.items():
+            if key not in self._metrics:
+                family, *labels = key
+                self._metrics[key] = self._families[family].Metric(labels={**self._labels, **dict(labels)})
+            self._metrics[key].increment(value)
+        self._pending.clear()
+        self._flushed_at = time.monotonic()
+
+
+def freeze_startup_objects() -> None:
+    """Call at the end of initialize(): move everything imported so far (torch's millions
+    of objects) out of the garbage collector's reach. Without it, the full collections
+    that tensor/capsule allocations trigger walk all of them: measured here as ~11 ms
+    added to every classify_bls execute() on average."""
+    import gc
+
+    gc.collect()
+    gc.freeze()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 import urllib.request
 from collections import defaultdict
@@ -44,13 +45,26 @@ def test_custom_metrics_count_routes_rejections_and_time(server, sample_images):
     for payload in ([BAD], [sample_images["mug"], b""], [b"x" * 10]):
         with pytest.raises(InferenceServerException):
             client.classify(payload)
-    client.close()
-    after = {m: scrape(server, m, FAILOVER) for m in before}
+    # Counts go out at most every 0.5 s per model instance: keep sending one image to each
+    # of the two instances (two concurrent requests) every 0.6 s until both have flushed.
+    flushers = [ClassifyClient(server.http_url, "http", model=FAILOVER) for _ in range(2)]
+    flushed_images = 0
 
     def delta(metric, key):
         return after[metric].get(key, 0) - before[metric].get(key, 0)
 
-    assert delta("bls_images_total", "route=resnet50_onnx:direct") == 3
+    for _ in range(20):
+        time.sleep(0.6)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda c: c.classify([sample_images["camera"]]), flushers))
+        flushed_images += 2
+        after = {m: scrape(server, m, FAILOVER) for m in before}
+        if delta("bls_rejected_images_total", "reason=unsupported_format") == 2 and delta("bls_images_total", "route=resnet50_onnx:direct") >= 3 + flushed_images - 2:
+            break
+    for c in flushers + [client]:
+        c.close()
+
+    assert delta("bls_images_total", "route=resnet50_onnx:direct") in (3 + flushed_images - 2, 3 + flushed_images)
     assert delta("bls_rejected_images_total", "reason=unsupported_format") == 2  # BAD and b"x"*10
     assert delta("bls_rejected_images_total", "reason=empty") == 1
     assert delta("bls_stage_seconds_total", "stage=decode_preprocess") > 0

@@ -13,7 +13,7 @@ from bls_pipeline import contract
 from bls_pipeline.config import load_classifier_info, parse_pipeline_config
 from bls_pipeline.labels import imagenet_labels
 from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction
-from bls_pipeline.triton_glue import PipelineMetrics, bridge_logging, model_parameters, tensor_from_numpy, tensor_to_numpy
+from bls_pipeline.triton_glue import PipelineMetrics, bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
 
 
 class TritonPythonModel:
@@ -24,6 +24,7 @@ class TritonPythonModel:
         classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers + config.cascade_classifiers}
         self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready)
         self.metrics = PipelineMetrics(pb_utils, args["model_name"], args["model_instance_name"])
+        freeze_startup_objects()
 
     def execute(self, requests):
         inputs = [self._read(r) for r in requests]
@@ -34,6 +35,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.metrics.flush()
         self.pipeline.close()
 
     # ---- pb_utils <-> bls_pipeline ----------------------------------------------------

@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 from bls_pipeline import contract
 from bls_pipeline.labels import imagenet_labels
 from bls_pipeline.postprocess import softmax, top_k
-from bls_pipeline.triton_glue import bridge_logging, model_parameters, tensor_to_numpy
+from bls_pipeline.triton_glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_to_numpy
 
 
 class TritonPythonModel:
@@ -14,6 +14,7 @@ class TritonPythonModel:
         bridge_logging(pb_utils)
         self.k = int(model_parameters(args)["default_topk"])
         self.labels = list(imagenet_labels())
+        freeze_startup_objects()
 
     def execute(self, requests):
         logits = [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, contract.CLASSIFIER_OUTPUT.name)) for r in requests]

@@ -9,7 +9,7 @@ from bls_pipeline import contract
 from bls_pipeline.batching import decode_to_batch
 from bls_pipeline.config import load_classifier_info
 from bls_pipeline.decode import DecodePolicy
-from bls_pipeline.triton_glue import bridge_logging, model_parameters, tensor_from_numpy
+from bls_pipeline.triton_glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy
 
 
 class TritonPythonModel:
@@ -19,6 +19,7 @@ class TritonPythonModel:
         self.spec = load_classifier_info(Path(args["model_repository"]).parent, classifier).preprocess
         self.policy = DecodePolicy()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="decode")
+        freeze_startup_objects()
 
     def execute(self, requests):
         images = [list(pb_utils.get_input_tensor_by_name(r, contract.IMAGE.name).as_numpy().reshape(-1)) for r in requests]

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls_pipeline import contract
 from bls_pipeline.onnx_classifier import OnnxClassifier
-from bls_pipeline.triton_glue import bridge_logging, model_parameters, tensor_from_numpy, tensor_to_numpy
+from bls_pipeline.triton_glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
 
 
 class TritonPythonModel:
@@ -21,6 +21,7 @@ class TritonPythonModel:
             intra_op_threads=int(params.get("intra_op_threads", "0")),
             allow_spinning=params.get("allow_spinning", "0") == "1",
         )
+        freeze_startup_objects()
 
     def execute(self, requests):
         arrays = [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, contract.CLASSIFIER_INPUT.name)) for r in requests]
