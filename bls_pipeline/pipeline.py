@@ -22,6 +22,7 @@ every image of the call at once, so it can select rows and batch them too.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ class _Batch:
 
 class Pipeline:
     def __init__(self, config: PipelineConfig, classifiers: dict[str, ClassifierInfo], labels: list[str],
-                 is_ready: Callable[[str], bool]):
+                 is_ready: Callable[[str], bool], instances: int = 1):
         missing = [m for m in config.classifiers + config.cascade_classifiers if m not in classifiers]
         if missing:
             raise ValueError(f"no ClassifierInfo for {missing}")
@@ -138,7 +139,8 @@ class Pipeline:
         self.main = routing.ClassifierChooser(config.classifiers, is_ready, config.route_recheck_s)
         self.cheap = (routing.ClassifierChooser(config.cascade_classifiers, is_ready, config.route_recheck_s)
                       if config.cascade_classifiers else None)
-        self._pool = ThreadPoolExecutor(max_workers=config.decode_threads, thread_name_prefix="decode")
+        threads = config.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

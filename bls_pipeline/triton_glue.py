@@ -130,5 +130,7 @@ def freeze_startup_objects() -> None:
     added to every classify_bls execute() on average."""
     import gc
 
+    import torch  # noqa: F401 - the DLPack glue imports it at the first request anyway: freeze it too
+
     gc.collect()
     gc.freeze()

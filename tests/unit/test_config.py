@@ -90,7 +90,7 @@ def test_unknown_key_lists_the_known_ones():
         ("default_topk", "five", "write a whole number"),
         ("default_topk", "2.5", "write a whole number"),
         ("default_topk", "0", "must be >= 1"),
-        ("decode_threads", "-2", "must be >= 1"),
+        ("decode_threads", "-2", "must be >= 0"),
         ("max_pixels", "0", "must be >= 1"),
         ("max_image_bytes", "lots", "write a whole number"),
         ("max_request_bytes", "0", "must be >= 1"),

@@ -4,6 +4,7 @@ Images of all requests in one execute() become one batch and ONE child request p
 classifier call (bls_pipeline/pipeline.py); a bad image fails only its own request.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,9 @@ class TritonPythonModel:
         config = parse_pipeline_config(model_parameters(args))
         repo = Path(args["model_repository"]).parent
         classifiers = {name: load_classifier_info(repo, name) for name in config.classifiers + config.cascade_classifiers}
-        self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready)
+        instances = sum(g.get("count", 1) for g in json.loads(args["model_config"]).get("instance_group", [])) or 1
+        self.pipeline = Pipeline(config, classifiers, list(imagenet_labels()), is_ready=pb_utils.is_model_ready,
+                                 instances=instances)
         self.metrics = PipelineMetrics(pb_utils, args["model_name"], args["model_instance_name"])
         freeze_startup_objects()
 
