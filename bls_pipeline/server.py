@@ -298,9 +298,12 @@ def _find_binary(workdir: Path) -> _Binary:
     # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
     # so models import the same bls_pipeline, numpy and torch (a venv's included).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # glibc gives every busy thread its own malloc arena; Triton's many threads then grow
-    # resident memory for a long while under load. Two arenas keep it flat (soak test).
+    # glibc malloc under load: every busy thread gets its own arena, and after the first
+    # large free the mmap threshold climbs, so image-sized buffers (~0.6 MB) land in the
+    # heap and fragment it. Both grow resident memory for minutes; fixed values keep it
+    # flat (tests/integration/test_metrics_and_soak.py). Set them yourself to override.
     env.setdefault("MALLOC_ARENA_MAX", "2")
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
 
     on_path = shutil.which("tritonserver")
