@@ -13,7 +13,6 @@ import io
 import json
 import os
 import platform
-import re
 import shutil
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from tqdm import tqdm
 from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
 from .decode import DecodePolicy, decode
 from .preprocess import PreprocessSpec, preprocess_into
+from .repository import config_variant
 
 __all__ = ["main", "make_image_set", "run_point"]
 
@@ -285,22 +285,15 @@ def _bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "__pycache__"))
     for artifact in list(src.glob("*/1/*.onnx")) + list(src.glob("*/1/*.plan")):
         (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
-    base = (dst / "classify_bls" / "config.pbtxt").read_text()
-    if not keep_branches:  # resnet50 alone, no flip pass: the same work as the ensemble
-        _set_params(dst / "classify_bls", base, {"cascade_classifiers": "none", "tta_threshold": "0"})
+    bls = src / "classify_bls"
     for threshold in CASCADES.values():
         name = "classify_bls_cascade_" + threshold.replace(".", "")
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
-        _set_params(dst / name, base.replace('name: "classify_bls"', f'name: "{name}"'),
-                    {"cascade_threshold": threshold, "tta_threshold": "0"})
-
-
-def _set_params(model_dir: Path, config: str, params: dict[str, str]) -> None:
-    for key, value in params.items():
-        config, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', config)
-        assert n == 1, f"{key} not in classify_bls's config.pbtxt"
-    (model_dir / "config.pbtxt").write_text(config)
+        (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"cascade_threshold": threshold, "tta_threshold": "0"}))
+    if not keep_branches:  # resnet50 alone, no flip pass: the same work as the ensemble
+        (dst / "classify_bls" / "config.pbtxt").write_text(
+            config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "tta_threshold": "0"}))
 
 
 def main(argv: list[str] | None = None) -> int:

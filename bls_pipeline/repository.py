@@ -8,7 +8,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-__all__ = ["LoadPlan", "called_models", "parse_config", "plan_loading", "string_parameters"]
+__all__ = ["LoadPlan", "called_models", "config_variant", "parse_config", "plan_loading", "string_parameters"]
 
 # classify_bls parameters that name the models it calls (bls_pipeline.config).
 CALLEE_PARAMETERS = ("classifiers", "cascade_classifiers")
@@ -21,6 +21,16 @@ ARTIFACT_PARAMETER = "artifact"
 def parse_config(model_dir: Path) -> model_config_pb2.ModelConfig:
     path = Path(model_dir) / "config.pbtxt"
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def config_variant(model_dir: Path, name: str, params: dict[str, str]) -> str:
+    """model_dir's config.pbtxt renamed to `name`, with these string parameters set or added
+    (how the tests and bls-bench make variants of classify_bls: same code, other settings)."""
+    config = parse_config(model_dir)
+    config.name = name
+    for key, value in params.items():
+        config.parameters[key].string_value = value
+    return text_format.MessageToString(config)
 
 
 def string_parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:

@@ -7,12 +7,12 @@ code, other parameters): see model_repo.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+from bls_pipeline.repository import config_variant
 from bls_pipeline.server import ServerOptions, TritonServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -24,13 +24,7 @@ def _copy_repo(src: Path, dst: Path) -> None:
 
 def _variant(repo: Path, base: str, name: str, params: dict[str, str]) -> None:
     shutil.copytree(repo / base, repo / name)
-    cfg = repo / name / "config.pbtxt"
-    text = cfg.read_text().replace(f'name: "{base}"', f'name: "{name}"')
-    for key, value in params.items():
-        text, n = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
-        if n == 0:
-            text += f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}\n'
-    cfg.write_text(text)
+    (repo / name / "config.pbtxt").write_text(config_variant(repo / base, name, params))
 
 
 @pytest.fixture(scope="session")

@@ -135,3 +135,15 @@ def test_ensemble_baseline_contract():
     _assert_tensors(post.input, (contract.CLASSIFIER_OUTPUT,))
     # Same default top-k as classify_bls, so the two answer alike.
     assert string_parameters(post)["default_topk"] == string_parameters(parse_config(MODELS / "classify_bls"))["default_topk"]
+
+
+def test_config_variant_renames_and_sets_parameters():
+    from bls_pipeline.repository import config_variant
+    from google.protobuf import text_format
+
+    text = config_variant(MODELS / "classify_bls", "classify_bls_x", {"tta_threshold": "0.9", "route_recheck_s": "1"})
+    cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
+    params = string_parameters(cfg)
+    assert cfg.name == "classify_bls_x" and params["tta_threshold"] == "0.9" and params["route_recheck_s"] == "1"
+    assert params["classifiers"] == string_parameters(parse_config(MODELS / "classify_bls"))["classifiers"]
+    parse_pipeline_config(params)  # still a valid classify_bls config
