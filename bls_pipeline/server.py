@@ -145,6 +145,9 @@ class TritonServer:
             "--strict-readiness=true",
             f"--log-verbose={opts.log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            # Pinned (page-locked) staging memory only helps host<->GPU copies; without a GPU
+            # its 256 MB pool just fills up under load and shows as resident memory.
+            *([] if _has_gpu() else ["--pinned-memory-pool-byte-size=0"]),
             *opts.extra_args,
         ]
         if binary.backend_dir is not None:
@@ -281,6 +284,10 @@ class TritonServer:
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
 
 
+def _has_gpu() -> bool:
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -298,12 +305,10 @@ def _find_binary(workdir: Path) -> _Binary:
     # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
     # so models import the same bls_pipeline, numpy and torch (a venv's included).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # glibc malloc under load: every busy thread gets its own arena, and after the first
-    # large free the mmap threshold climbs, so image-sized buffers (~0.6 MB) land in the
-    # heap and fragment it. Both grow resident memory for minutes; fixed values keep it
-    # flat (tests/integration/test_metrics_and_soak.py). Set them yourself to override.
+    # glibc malloc gives every busy thread its own arena, and Triton runs many threads:
+    # cap them (set MALLOC_ARENA_MAX yourself to override). The soak test reports the
+    # resident memory this leaves (tests/integration/test_metrics_and_soak.py).
     env.setdefault("MALLOC_ARENA_MAX", "2")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(256 * 1024))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
 
     on_path = shutil.which("tritonserver")
