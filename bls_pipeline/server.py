@@ -68,6 +68,12 @@ class ServerOptions:
 
 
 @dataclass(frozen=True)
+class StopReport:
+    code: int | None  # tritonserver's exit status; -9 when it had to be killed
+    drained: bool  # every model was unloaded (no request in flight) before SIGTERM
+
+
+@dataclass(frozen=True)
 class _Binary:
     executable: Path
     backend_dir: Path | None  # None: the binary's own default (/opt/tritonserver/backends)
@@ -87,6 +93,7 @@ class TritonServer:
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
         self.watchdog: Watchdog | None = None
+        self.last_stop: StopReport | None = None
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -204,7 +211,8 @@ class TritonServer:
         self.unload_model(model)
         self.load_model(model)
 
-    def _drain(self, timeout_s: float) -> None:
+    def _drain(self, timeout_s: float) -> bool:
+        """Unload callers, then the models they call; True once none is READY or UNLOADING."""
         repo = Path(self.options.model_repository)
         configs = {name: repository.parse_config(repo / name) for name in self.loaded}
         called = repository.called_models(configs)
@@ -215,8 +223,9 @@ class TritonServer:
             while any(state in ("READY", "UNLOADING") for name, state in self._states().items() if name in stage):
                 if time.monotonic() > deadline:
                     log.warning("models still busy after %ss of draining: stopping anyway", timeout_s)
-                    return
+                    return False
                 time.sleep(0.1)
+        return True
 
     def _states(self) -> dict[str, str]:
         req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=self.admin_headers)
@@ -245,9 +254,10 @@ class TritonServer:
                 watchdog.stop()
             except Exception as exc:  # noqa: BLE001 - never let it keep the server alive
                 log.warning("stopping the watchdog failed: %s", exc)
+        drained = False
         if self.running():
             try:
-                self._drain(self.options.exit_timeout_s)
+                drained = self._drain(self.options.exit_timeout_s)
             except Exception as exc:  # noqa: BLE001 - the SIGTERM below still stops it
                 log.warning("draining before stop failed (%s); stopping anyway", exc)
         proc, self._proc = self._proc, None
@@ -256,14 +266,15 @@ class TritonServer:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=self.options.exit_timeout_s + 15)
+                    proc.wait(timeout=self.options.exit_timeout_s + 5)
                 except subprocess.TimeoutExpired:
-                    log.error("tritonserver did not exit within %ss of SIGTERM: killing it", self.options.exit_timeout_s + 15)
+                    self._report_hang(proc.pid, drained)
             code = proc.returncode if proc.poll() is not None else None
             _kill_group(proc.pid)
             if proc.poll() is None:
                 proc.wait(timeout=10)
                 code = proc.returncode
+        self.last_stop = StopReport(code, drained)
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
         if self._log_handle:
@@ -273,6 +284,23 @@ class TritonServer:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
         return code
+
+    def _report_hang(self, pid: int, drained: bool) -> None:
+        """Say loudly that tritonserver ignored SIGTERM, with its threads' stacks if gdb is here."""
+        state = ("every model was unloaded first, so no request was in flight" if drained
+                 else "models were still busy: their in-flight requests fail")
+        stacks = ""
+        if shutil.which("gdb"):
+            try:
+                stacks = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                        capture_output=True, text=True, timeout=60).stdout
+            except (subprocess.TimeoutExpired, OSError) as exc:
+                stacks = f"(gdb failed: {exc})"
+            if self.options.log_file:
+                with open(self.options.log_file, "a") as f:
+                    f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
+        log.error("tritonserver did not exit within %ss of SIGTERM (%s): killing it%s", self.options.exit_timeout_s + 5,
+                  state, f"; its thread stacks are in {self.options.log_file}" if stacks and self.options.log_file else "")
 
     def _log_hint(self) -> str:
         """Error lines of the server log (model load failures), for exception messages."""

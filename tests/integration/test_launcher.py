@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -54,3 +55,30 @@ def test_stop_leaves_no_process_or_shared_memory(model_repo, tmp_path, server_fa
         os.killpg(pid, 0)  # the whole process group (server and python stubs) is gone
     assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix)]
     assert prefix.startswith(SHM_PREFIX)
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog):
+    """The launcher's last resort, with a stand-in process that ignores SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    from bls_pipeline.server import ServerOptions, TritonServer, free_port
+
+    srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=1, log_file=tmp_path / "server.log"))
+    stubborn = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); subprocess.Popen(['sleep', '300']); time.sleep(300)"
+    srv._proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+    pid = srv._proc.pid
+    time.sleep(0.5)  # let it install its handler and start its child
+    code = srv.stop()
+    assert code == -signal.SIGKILL and srv.last_stop.drained is False  # nothing answered the drain
+    deadline = time.monotonic() + 5  # its orphaned child is reaped by init
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # its child went with it
+    assert "did not exit within 6s of SIGTERM" in caplog.text
