@@ -44,7 +44,10 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
             preprocess_into(decode(jobs[row][2], policy), spec, batch[row])
             return None
         except ImageError as exc:
-            return exc
+            # A fresh copy: the caught one's traceback and context reach this frame and so
+            # `batch` and `jobs`, in a cycle only the garbage collector breaks; under steady
+            # bad traffic that held tens of MB per stub (the soak test's RSS).
+            return ImageError(exc.reason, str(exc))
         except Exception:  # noqa: BLE001 - one image's surprise (MemoryError...) fails its request only
             log.exception("decode/preprocess failed unexpectedly for one image")
             return ImageError("internal", "could not decode or preprocess this image (internal error, logged on the server)")

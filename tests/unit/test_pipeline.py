@@ -333,6 +333,28 @@ def test_no_valid_request_means_no_child_call(make_pipeline):
     assert classifier.calls == []
 
 
+@pytest.mark.parametrize("fail", [None, {PRIMARY: False}], ids=["answered", "classifier-fails"])
+def test_a_run_leaves_no_reference_cycles(make_pipeline, fail):
+    """Cycles (an exception's traceback reaching the batch) keep whole batches alive until
+    the garbage collector runs: a stub's memory then wanders with bad traffic."""
+    import gc
+
+    classifier = Classifier({PRIMARY}, fail=fail)
+    pipeline = make_pipeline(classifier, classifiers=(PRIMARY,))
+    requests = [ImageRequest(IMAGES[:2]), ImageRequest([b"<html>", IMAGES[2]]), ImageRequest([png(COLOURS[0])[:60]]),
+                ImageRequest([]), ImageRequest(IMAGES[3:4], topk=0)]
+    pipeline.run(requests, classifier)  # warm: first-use caches of Pillow's plugins
+    gc.collect()
+    gc.disable()
+    try:
+        results, _ = pipeline.run(requests, classifier)
+        assert {type(r) for r in results} == ({Prediction, RequestError} if fail is None else {RequestError})
+        del results
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 # ---- cascade --------------------------------------------------------------------------------
 def _cheap_logits(confident_rows: set[int]):
     """Cheap model: very sure (one-hot-ish) on the listed rows, flat elsewhere."""
