@@ -2,10 +2,13 @@
 
 Same result as torchvision's `Resize(resize) + CenterCrop(crop) + ToTensor + Normalize`
 (tests/unit/test_preprocess.py holds the tolerance): the same Pillow bilinear
-(antialiased) resize, then the centre crop. For extreme aspect ratios, where the resized
-image would be huge (a 1x20000 sliver would become 256x5120000), only the source box
-that maps onto the crop is resampled: same filter taps, a 224x224 resize instead of
-gigabytes (Pillow may round a few pixels one uint8 step differently).
+(antialiased) resize, the same centre crop. Only the columns the crop keeps are
+resampled (a 224-wide resize with a source box, then the row crop): same filter taps and
+scale, so ~0.1% of a landscape photo's values round one uint8 step differently (portrait:
+none), for 0.8 instead of 1.2 ms on a 500x375 photo here. For extreme aspect ratios,
+where even that would be huge (a 1x20000 sliver would become 224x5120000), the crop
+box is resampled in both directions: a 224x224 resize instead of gigabytes (Pillow's
+vertical box rounds more pixels one step differently; no photo gets there).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from PIL import Image
 
 __all__ = ["PreprocessSpec", "crop_box", "preprocess_into", "renormalize"]
 
-# Resized images up to this many times resize**2 pixels are materialised (exact
-# torchvision match); beyond it, the crop box is resampled directly.
+# Column-cropped intermediates up to this many times resize**2 pixels are materialised;
+# beyond it, the crop box is resampled in both directions.
 _MAX_RESIZED_AREA = 16
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -82,12 +85,14 @@ def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> 
     if img.mode != "RGB":
         raise ValueError(f"preprocess expects an RGB image, got mode {img.mode}")
     new_w, new_h = _resized_size(img.width, img.height, spec)
-    if new_w * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
-        left, top = _crop_offset(new_w, new_h, spec)
-        resized = img if (new_w, new_h) == img.size else img.resize((new_w, new_h), Image.BILINEAR)
-        cropped = resized.crop((left, top, left + spec.crop, top + spec.crop))
+    x0, y0, x1, y1 = crop_box(img.width, img.height, spec)
+    if spec.crop * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
+        _, top = _crop_offset(new_w, new_h, spec)
+        # A box on the vertical axis makes Pillow round many pixels differently: keep all rows.
+        columns = img.resize((spec.crop, new_h), Image.BILINEAR, box=(x0, 0, x1, img.height))
+        cropped = columns.crop((0, top, spec.crop, top + spec.crop))
     else:
-        cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR, box=crop_box(img.width, img.height, spec))
+        cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR, box=(x0, y0, x1, y1))
     hwc = np.asarray(cropped)  # (crop, crop, 3) uint8
     np.multiply(hwc.transpose(2, 0, 1), spec._scale, out=out, casting="unsafe")
     out -= spec._offset
