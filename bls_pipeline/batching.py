@@ -30,8 +30,8 @@ class DecodedBatch:
 
 
 def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePolicy, spec: PreprocessSpec,
-                    pool: Executor) -> DecodedBatch:
-    """Decode + preprocess every image (None = skip that request) on `pool`.
+                    pool: Executor | None) -> DecodedBatch:
+    """Decode + preprocess every image (None = skip that request) on `pool` (None: here).
 
     Each image is written straight into its row of the batch tensor, which is then handed
     to the classifier as is when no request failed.
@@ -52,7 +52,10 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
             log.exception("decode/preprocess failed unexpectedly for one image")
             return ImageError("internal", "could not decode or preprocess this image (internal error, logged on the server)")
 
-    outcomes = list(pool.map(work, range(len(jobs)))) if len(jobs) > 1 else [work(0)] if jobs else []
+    if pool is not None and len(jobs) > 1:
+        outcomes = list(pool.map(work, range(len(jobs))))
+    else:
+        outcomes = [work(row) for row in range(len(jobs))]
     errors: dict[int, ImageError] = {}
     bad_index: dict[int, int] = {}
     for (r, i, _), err in zip(jobs, outcomes):

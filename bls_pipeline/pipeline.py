@@ -140,10 +140,12 @@ class Pipeline:
         self.cheap = (routing.ClassifierChooser(config.cascade_classifiers, is_ready, config.route_recheck_s)
                       if config.cascade_classifiers else None)
         threads = config.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+        # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     # ---- the flow -----------------------------------------------------------------------
     def run(self, requests: Sequence[ImageRequest], infer: Infer) -> tuple[list[Prediction | RequestError], Timings]:

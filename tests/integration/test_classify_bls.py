@@ -141,3 +141,22 @@ def _image_input(client, images):
     tensor = client._tc.InferInput("IMAGE", [len(images), 1], "BYTES")
     tensor.set_data_from_numpy(np.array(images, dtype=object).reshape(-1, 1))
     return tensor
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_only_the_requested_outputs_come_back(server, protocol, sample_images):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    tc = httpclient if protocol == "http" else grpcclient
+    client = tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    image = tc.InferInput("IMAGE", [1, 1], "BYTES")
+    image.set_data_from_numpy(np.array([[sample_images["mug"]]], dtype=object))
+    try:
+        some = client.infer(RESNET_ONLY, [image], outputs=[tc.InferRequestedOutput("ROUTE")])
+        every = client.infer(RESNET_ONLY, [image])  # none named: all of them
+    finally:
+        client.close()
+    present = lambda result: {n for n in ("LABELS", "SCORES", "CLASS_IDS", "ROUTE") if result.as_numpy(n) is not None}  # noqa: E731
+    assert present(some) == {"ROUTE"} and some.as_numpy("ROUTE")[0, 0] == b"resnet50_onnx:direct"
+    assert present(every) == {"LABELS", "SCORES", "CLASS_IDS", "ROUTE"}

@@ -33,7 +33,7 @@ class TritonPythonModel:
         inputs = [self._read(r) for r in requests]
         results, timings = self.pipeline.run(inputs, self._infer)
         self.metrics.record(timings)
-        responses = [self._respond(res) for res in results]
+        responses = [self._respond(res, set(r.requested_output_names())) for res, r in zip(results, requests)]
         assert len(responses) == len(requests), "one response per request"
         return responses
 
@@ -64,13 +64,11 @@ class TritonPythonModel:
         return tensor_to_numpy(output).copy()  # own the logits; the response's buffer goes away
 
     @staticmethod
-    def _respond(result):
+    def _respond(result, wanted: set[str]):
+        """Only the outputs the client asked for (Triton lists all of them when it named none)."""
         if not isinstance(result, Prediction):
             code = pb_utils.TritonError.UNAVAILABLE if result.reason == "classifier" else pb_utils.TritonError.INVALID_ARG
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.message, code))
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(contract.LABELS.name, result.labels),
-            pb_utils.Tensor(contract.SCORES.name, result.scores),
-            pb_utils.Tensor(contract.CLASS_IDS.name, result.class_ids),
-            pb_utils.Tensor(contract.ROUTE.name, result.routes),
-        ])
+        outputs = ((contract.LABELS, result.labels), (contract.SCORES, result.scores),
+                   (contract.CLASS_IDS, result.class_ids), (contract.ROUTE, result.routes))
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(o.name, value) for o, value in outputs if o.name in wanted])
