@@ -25,3 +25,4 @@ def test_bench_smoke(model_repo, tmp_path):
     assert (out / "bench.png").stat().st_size > 10_000
     table = (out / "bench.md").read_text()
     assert "| classify_bls | 1 |" in table and "12MP" in table
+    assert all(r["ms_per_image"] > 0 and r["ms_per_image_cold_cache"] > 0 for r in report["preprocess"])
