@@ -290,17 +290,16 @@ class TritonServer:
         state = ("every model was unloaded first, so no request was in flight" if drained
                  else "models were still busy: their in-flight requests fail")
         stacks = ""
-        if shutil.which("gdb"):
+        if shutil.which("gdb") and self.options.log_file:
             try:
                 stacks = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
                                         capture_output=True, text=True, timeout=60).stdout
             except (subprocess.TimeoutExpired, OSError) as exc:
                 stacks = f"(gdb failed: {exc})"
-            if self.options.log_file:
-                with open(self.options.log_file, "a") as f:
-                    f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
+            with open(self.options.log_file, "a") as f:
+                f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
         log.error("tritonserver did not exit within %ss of SIGTERM (%s): killing it%s", self.options.exit_timeout_s + 5,
-                  state, f"; its thread stacks are in {self.options.log_file}" if stacks and self.options.log_file else "")
+                  state, f"; its thread stacks are in {self.options.log_file}" if stacks else "")
 
     def _log_hint(self) -> str:
         """Error lines of the server log (model load failures), for exception messages."""

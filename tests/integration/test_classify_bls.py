@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.client import ClassifyClient
@@ -145,9 +147,6 @@ def _image_input(client, images):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_only_the_requested_outputs_come_back(server, protocol, sample_images):
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
-
     tc = httpclient if protocol == "http" else grpcclient
     client = tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     image = tc.InferInput("IMAGE", [1, 1], "BYTES")
