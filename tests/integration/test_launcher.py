@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.server import SHM_PREFIX
+from bls_pipeline.server import SHM_PREFIX, ServerOptions, TritonServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -59,12 +62,6 @@ def test_stop_leaves_no_process_or_shared_memory(model_repo, tmp_path, server_fa
 
 def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog):
     """The launcher's last resort, with a stand-in process that ignores SIGTERM."""
-    import signal
-    import subprocess
-    import sys
-
-    from bls_pipeline.server import ServerOptions, TritonServer, free_port
-
     srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=1, log_file=tmp_path / "server.log"))
     stubborn = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); subprocess.Popen(['sleep', '300']); time.sleep(300)"
     srv._proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
