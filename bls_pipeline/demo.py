@@ -7,7 +7,6 @@ classifies the sample images over HTTP and gRPC, prints the labels, stops the se
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -19,22 +18,20 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _onnx_path(repo: Path, onnx_model: str) -> Path:
+    return repo / onnx_model / "1" / "model.onnx"
+
+
 def _export(repo: Path, model: str, weights: str) -> None:
     from engine_build.export_onnx import EXPORTS, build_torch_model, export_onnx
 
-    target = EXPORTS[model]
-    path = repo / target.onnx_model / "1" / "model.onnx"
-    export_onnx(build_torch_model(weights, model), path)
-    path.with_suffix(".onnx.json").write_text(json.dumps({"weights": weights}))
+    export_onnx(build_torch_model(weights, model), _onnx_path(repo, EXPORTS[model].onnx_model), weights)
 
 
 def _weights(repo: Path, onnx_model: str) -> str | None:
-    """Weights the exported ONNX carries ('imagenet', 'pretrained', 'random', a path), None if absent."""
-    path = repo / onnx_model / "1" / "model.onnx"
-    if not path.exists():
-        return None
-    stamp = path.with_suffix(".onnx.json")
-    return json.loads(stamp.read_text())["weights"] if stamp.exists() else "unknown"
+    from engine_build.export_onnx import exported_weights
+
+    return exported_weights(_onnx_path(repo, onnx_model))
 
 
 def ensure_classifiers(repo: Path, say=print) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ def _export(args) -> int:
     except (WeightsUnavailable, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    diff = export_onnx(model, args.output)
+    diff = export_onnx(model, args.output, args.weights)
     print(f"wrote {args.output} ({args.model}, weights: {args.weights}; onnxruntime vs torch max abs diff {diff:.2e})")
     return 0
 

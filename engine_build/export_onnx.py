@@ -6,6 +6,7 @@ which weights by default, and where its ONNX, TensorRT plan and TensorRT config 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
 
-__all__ = ["EXPORTS", "ExportTarget", "WeightsUnavailable", "build_torch_model", "export_onnx"]
+__all__ = ["EXPORTS", "ExportTarget", "WeightsUnavailable", "build_torch_model", "export_onnx", "exported_weights"]
 
 log = logging.getLogger(__name__)
 RANDOM_SEED = 0
@@ -134,8 +135,22 @@ def build_torch_model(weights: str, model: str = "resnet50"):
     return EXPORTS[model].build(weights)
 
 
-def export_onnx(model, output: Path, check_batch: int = 2) -> float:
-    """Export, run onnx.checker, compare onnxruntime with torch. Returns the max abs diff."""
+def _stamp(onnx_path: Path) -> Path:
+    return Path(onnx_path).with_suffix(".onnx.json")
+
+
+def exported_weights(onnx_path: Path) -> str | None:
+    """The weights an exported ONNX carries ('imagenet', 'pretrained', 'random', a path):
+    None when there is no ONNX, 'unknown' when it was not written by export_onnx."""
+    if not Path(onnx_path).exists():
+        return None
+    stamp = _stamp(onnx_path)
+    return json.loads(stamp.read_text())["weights"] if stamp.exists() else "unknown"
+
+
+def export_onnx(model, output: Path, weights: str, check_batch: int = 2) -> float:
+    """Export, run onnx.checker, compare onnxruntime with torch; record `weights` next to
+    the file (so nothing serves random weights as if they were real). Returns the max abs diff."""
     torch, _ = _require_torch()
     import onnx
     import onnxruntime as ort
@@ -167,4 +182,5 @@ def export_onnx(model, output: Path, check_batch: int = 2) -> float:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"onnxruntime output differs from torch by {diff:.3g} (scale {scale:.3g}): export is wrong")
     tmp.replace(output)  # atomic: a half-written model.onnx never appears
+    _stamp(output).write_text(json.dumps({"weights": weights}))
     return diff

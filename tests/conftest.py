@@ -32,7 +32,7 @@ def onnx_model(tmp_path_factory) -> Path:
     from engine_build.export_onnx import build_torch_model, export_onnx
 
     path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    export_onnx(build_torch_model("random"), path)
+    export_onnx(build_torch_model("random"), path, "random")
     return path
 
 
@@ -42,7 +42,7 @@ def effnet_onnx_model(tmp_path_factory) -> Path:
     from engine_build.export_onnx import build_torch_model, export_onnx
 
     path = tmp_path_factory.mktemp("effnet_onnx") / "model.onnx"
-    export_onnx(build_torch_model("pretrained", "efficientnet_lite0"), path)
+    export_onnx(build_torch_model("pretrained", "efficientnet_lite0"), path, "pretrained")
     return path
 
 

@@ -31,9 +31,9 @@ def _variant(repo: Path, base: str, name: str, params: dict[str, str]) -> None:
 def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Path:
     repo = tmp_path_factory.mktemp("repo") / "models"
     _copy_repo(repo_root / "models", repo)
-    shutil.copy(onnx_model, repo / "resnet50_onnx" / "1" / "model.onnx")
-    (repo / "resnet50_onnx" / "1" / "model.onnx.json").write_text('{"weights": "random"}')  # what bls-demo reads
-    shutil.copy(effnet_onnx_model, repo / "efficientnet_lite0_onnx" / "1" / "model.onnx")
+    for artifact, model in ((onnx_model, "resnet50_onnx"), (effnet_onnx_model, "efficientnet_lite0_onnx")):
+        for src in (artifact, artifact.with_suffix(".onnx.json")):  # the model and its weights stamp
+            shutil.copy(src, repo / model / "1" / src.name)
     # resnet50 alone, no cascade: parity with onnxruntime and the ensemble.
     _variant(repo, "classify_bls", "classify_bls_resnet50", {"cascade_classifiers": "none"})
     _variant(repo, "classify_bls", "classify_bls_tta", {"cascade_classifiers": "none", "tta_threshold": "1.0"})

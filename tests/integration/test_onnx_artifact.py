@@ -20,3 +20,13 @@ def test_exported_onnx_names_and_dims(artifact, request):
     assert _dims(inp) == ["batch", *contract.CLASSIFIER_INPUT.dims]  # dynamic batch axis
     assert _dims(out) == ["batch", *contract.CLASSIFIER_OUTPUT.dims]
     assert inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("artifact,weights", [("onnx_model", "random"), ("effnet_onnx_model", "pretrained")])
+def test_export_records_the_weights_it_used(artifact, weights, request, tmp_path):
+    from engine_build.export_onnx import exported_weights
+
+    assert exported_weights(request.getfixturevalue(artifact)) == weights  # bls-demo will not serve "random"
+    assert exported_weights(tmp_path / "model.onnx") is None
+    (tmp_path / "model.onnx").write_bytes(b"made elsewhere")
+    assert exported_weights(tmp_path / "model.onnx") == "unknown"

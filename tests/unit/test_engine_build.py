@@ -80,7 +80,7 @@ def test_export_cli_picks_the_model_and_its_default_path(monkeypatch, model, wei
     argv = ["export", "--model", model] + (["--weights", weights] if model == "resnet50" else [])
     assert cli.main(argv) == 0
     assert built == [{"weights": weights, "model": model}]
-    assert exported == [{"model": "the model", "output": export_onnx.EXPORTS[model].onnx_path}]
+    assert exported == [{"model": "the model", "output": export_onnx.EXPORTS[model].onnx_path, "weights": weights}]
     assert f"weights: {weights}" in capsys.readouterr().out
 
 
