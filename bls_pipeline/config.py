@@ -76,8 +76,8 @@ def _as_names(key: str, raw: str) -> tuple[str, ...]:
     return names
 
 
-def _as_optional_names(raw: str) -> tuple[str, ...]:
-    """Comma-separated names; empty or "none" means the feature is off."""
+def optional_names(raw: str) -> tuple[str, ...]:
+    """Comma-separated model names; empty or "none" means none (the feature is off)."""
     return () if raw.strip().lower() in ("", "none") else tuple(n.strip() for n in raw.split(",") if n.strip())
 
 
@@ -102,7 +102,7 @@ def parse_pipeline_config(params: dict[str, str]) -> PipelineConfig:
     p = params.get
     return PipelineConfig(
         classifiers=_as_names("classifiers", p("classifiers")) if "classifiers" in params else d.classifiers,
-        cascade_classifiers=_as_optional_names(p("cascade_classifiers")) if "cascade_classifiers" in params else d.cascade_classifiers,
+        cascade_classifiers=optional_names(p("cascade_classifiers")) if "cascade_classifiers" in params else d.cascade_classifiers,
         cascade_threshold=_as_float("cascade_threshold", p("cascade_threshold"), 0.0, 1.0) if "cascade_threshold" in params else d.cascade_threshold,
         default_topk=_as_int("default_topk", p("default_topk"), 1) if "default_topk" in params else d.default_topk,
         tta_threshold=_as_float("tta_threshold", p("tta_threshold"), 0.0, 1.0) if "tta_threshold" in params else d.tta_threshold,

@@ -8,6 +8,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from .config import optional_names
+
 __all__ = ["LoadPlan", "called_models", "config_variant", "parse_config", "plan_loading", "string_parameters"]
 
 # classify_bls parameters that name the models it calls (bls_pipeline.config).
@@ -103,5 +105,5 @@ def called_models(configs: dict[str, model_config_pb2.ModelConfig]) -> set[str]:
         called.update(step.model_name for step in cfg.ensemble_scheduling.step)
         params = string_parameters(cfg)
         for key in CALLEE_PARAMETERS:
-            called.update(n.strip() for n in params.get(key, "").split(",") if n.strip() and n.strip() != "none")
+            called.update(optional_names(params.get(key, "")))
     return called

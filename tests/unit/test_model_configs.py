@@ -147,3 +147,14 @@ def test_config_variant_renames_and_sets_parameters():
     assert cfg.name == "classify_bls_x" and params["tta_threshold"] == "0.9" and params["route_recheck_s"] == "1"
     assert params["classifiers"] == string_parameters(parse_config(MODELS / "classify_bls"))["classifiers"]
     parse_pipeline_config(params)  # still a valid classify_bls config
+
+
+def test_called_models_are_the_ensemble_steps_and_classify_bls_classifiers():
+    """What bls-serve unloads last when it drains: everything another model calls."""
+    from bls_pipeline.repository import called_models
+
+    configs = {name: parse_config(MODELS / name) for name in ("classify_bls", "ensemble_resnet50", "resnet50_onnx")}
+    assert called_models(configs) == {"resnet50_trt", "resnet50_onnx", "efficientnet_lite0_trt", "efficientnet_lite0_onnx",
+                                      "ensemble_preprocess", "ensemble_postprocess"}
+    configs["classify_bls"].parameters["cascade_classifiers"].string_value = " None "  # the cascade off
+    assert "efficientnet_lite0_onnx" not in called_models(configs)
