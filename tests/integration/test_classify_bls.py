@@ -7,8 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.client import ClassifyClient
@@ -147,13 +145,11 @@ def _image_input(client, images):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_only_the_requested_outputs_come_back(server, protocol, sample_images):
-    tc = httpclient if protocol == "http" else grpcclient
-    client = tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-    image = tc.InferInput("IMAGE", [1, 1], "BYTES")
-    image.set_data_from_numpy(np.array([[sample_images["mug"]]], dtype=object))
+    client = _client(server, protocol)
+    image = _image_input(client, [sample_images["mug"]])
     try:
-        some = client.infer(RESNET_ONLY, [image], outputs=[tc.InferRequestedOutput("ROUTE")])
-        every = client.infer(RESNET_ONLY, [image])  # none named: all of them
+        some = client._client.infer(RESNET_ONLY, [image], outputs=[client._tc.InferRequestedOutput("ROUTE")])
+        every = client._client.infer(RESNET_ONLY, [image])  # none named: all of them
     finally:
         client.close()
     present = lambda result: {n for n in ("LABELS", "SCORES", "CLASS_IDS", "ROUTE") if result.as_numpy(n) is not None}  # noqa: E731
