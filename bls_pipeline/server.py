@@ -269,11 +269,8 @@ class TritonServer:
                     proc.wait(timeout=self.options.exit_timeout_s + 5)
                 except subprocess.TimeoutExpired:
                     self._report_hang(proc.pid, drained)
-            code = proc.returncode if proc.poll() is not None else None
-            _kill_group(proc.pid)
-            if proc.poll() is None:
-                proc.wait(timeout=10)
-                code = proc.returncode
+            _kill_group(proc.pid)  # its stubs too, and the server itself if it hung
+            code = proc.wait(timeout=10)
         self.last_stop = StopReport(code, drained)
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
