@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from .client import tritonclient_module
 from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
 from .decode import DecodePolicy, decode
 from .preprocess import PreprocessSpec, preprocess_into
@@ -111,7 +112,7 @@ def _server_stats(client, model: str) -> dict[str, int]:
 
 def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: list, duration_s: float,
               warmup_s: float) -> Point:
-    tc = _client_module(protocol)
+    tc = tritonclient_module(protocol)
     stop_at = [float("inf")]
     record_from = [float("inf")]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
@@ -165,14 +166,6 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None)
-
-
-def _client_module(protocol: str):
-    if protocol == "grpc":
-        import tritonclient.grpc as tc
-    else:
-        import tritonclient.http as tc
-    return tc
 
 
 # ---- in-process decode + preprocess --------------------------------------------------

@@ -15,9 +15,20 @@ from tqdm import tqdm
 
 from .contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 
-__all__ = ["ClassifyClient", "FileResult", "find_images", "main"]
+__all__ = ["ClassifyClient", "FileResult", "find_images", "main", "tritonclient_module"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+
+
+def tritonclient_module(protocol: str):
+    """tritonclient.http or tritonclient.grpc (the same API), imported on first use."""
+    if protocol == "http":
+        import tritonclient.http as tc
+    elif protocol == "grpc":
+        import tritonclient.grpc as tc
+    else:
+        raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+    return tc
 
 
 @dataclass
@@ -32,16 +43,9 @@ class ClassifyClient:
     """Thin wrapper over tritonclient; one `classify` call is one inference request."""
 
     def __init__(self, url: str, protocol: str = "http", concurrency: int = 1, model: str = BLS_MODEL):
-        if protocol == "http":
-            import tritonclient.http as tc
-
-            self._client = tc.InferenceServerClient(url, concurrency=concurrency)
-        elif protocol == "grpc":
-            import tritonclient.grpc as tc
-
-            self._client = tc.InferenceServerClient(url)
-        else:
-            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        tc = tritonclient_module(protocol)
+        # An HTTP client sends `concurrency` requests at once; a gRPC one has no such limit.
+        self._client = tc.InferenceServerClient(url, concurrency=concurrency) if protocol == "http" else tc.InferenceServerClient(url)
         self._tc = tc
         self.model = model
 

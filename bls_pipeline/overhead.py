@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from .client import tritonclient_module
 from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE
 from .repository import config_variant, parse_config
 
@@ -65,10 +66,7 @@ def _inputs(tc, path: str) -> list:
 
 def measure(url: str, protocol: str = "grpc", requests: int = 300, rounds: int = 3, warmup: int = 30) -> dict[str, list[float]]:
     """p50 latency in ms per path, one value per round; paths interleaved within a round."""
-    if protocol == "grpc":
-        import tritonclient.grpc as tc
-    else:
-        import tritonclient.http as tc
+    tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(url)
     outputs = [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
     p50: dict[str, list[float]] = {path: [] for path in PATHS}
