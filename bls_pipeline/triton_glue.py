@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bridge_logging", "model_parameters", "tensor_from_numpy", "tensor_to_numpy"]
+from .pipeline import ChildCallError
+
+__all__ = ["bridge_logging", "infer_child", "model_parameters", "tensor_from_numpy", "tensor_to_numpy"]
 
 
 class _TritonLogHandler(logging.Handler):
@@ -68,6 +70,18 @@ def tensor_to_numpy(tensor: Any) -> np.ndarray:
 
     t = from_dlpack(tensor.to_dlpack())
     return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+
+
+def infer_child(pb_utils: Any, model: str, input_name: str, output_name: str, batch: np.ndarray) -> np.ndarray:
+    """One BLS child request: `batch` in through DLPack, `output_name` back as numpy the
+    caller owns. A failed call raises pipeline.ChildCallError with the server's message."""
+    request = pb_utils.InferenceRequest(model_name=model, requested_output_names=[output_name],
+                                        inputs=[tensor_from_numpy(pb_utils, input_name, batch)])
+    response = request.exec()
+    if response.has_error():
+        raise ChildCallError(response.error().message())
+    output = pb_utils.get_output_tensor_by_name(response, output_name)
+    return tensor_to_numpy(output).copy()  # own it: the response's buffer goes away
 
 
 class PipelineMetrics:

@@ -7,8 +7,8 @@ folder; the config parameter `role` says which hop it plays:
                 asleep (hold_mode "sleep"), or reading 128 MB, as a CPU classifier streams
                 its weights through the caches (hold_mode "stream")
     stub        IMAGE in -> zero logits out: a python model answering the client, nothing else
-    bls         IMAGE in -> zero batch -> ONE child call to probe_classifier through
-                classify_bls's own DLPack glue -> its logits out
+    bls         IMAGE in -> zero batch -> ONE child call to probe_classifier with
+                classify_bls's own child-call code (triton_glue.infer_child) -> its logits out
     prep        IMAGE in -> zero batch out: the ensemble's first step (probe_ensemble)
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, NUM_CLASSES
-from bls_pipeline.triton_glue import freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
+from bls_pipeline.pipeline import ChildCallError
+from bls_pipeline.triton_glue import freeze_startup_objects, infer_child, model_parameters
 
 CHILD = "probe_classifier"
 
@@ -58,12 +59,10 @@ class TritonPythonModel:
         batch = np.zeros((n, *CLASSIFIER_INPUT.dims), np.float32)
         if self.role == "prep":
             return _response(CLASSIFIER_INPUT.name, batch)
-        child = pb_utils.InferenceRequest(model_name=CHILD, requested_output_names=[CLASSIFIER_OUTPUT.name],
-                                          inputs=[tensor_from_numpy(pb_utils, CLASSIFIER_INPUT.name, batch)])
-        response = child.exec()
-        if response.has_error():
-            return pb_utils.InferenceResponse(error=response.error())
-        logits = tensor_to_numpy(pb_utils.get_output_tensor_by_name(response, CLASSIFIER_OUTPUT.name)).copy()
+        try:
+            logits = infer_child(pb_utils, CHILD, CLASSIFIER_INPUT.name, CLASSIFIER_OUTPUT.name, batch)
+        except ChildCallError as exc:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         return _response(CLASSIFIER_OUTPUT.name, logits)
 
 

@@ -13,8 +13,8 @@ import triton_python_backend_utils as pb_utils
 from bls_pipeline import contract
 from bls_pipeline.config import load_classifier_info, parse_pipeline_config
 from bls_pipeline.labels import imagenet_labels
-from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction
-from bls_pipeline.triton_glue import PipelineMetrics, bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
+from bls_pipeline.pipeline import ImageRequest, Pipeline, Prediction
+from bls_pipeline.triton_glue import PipelineMetrics, bridge_logging, freeze_startup_objects, infer_child, model_parameters
 
 
 class TritonPythonModel:
@@ -51,17 +51,9 @@ class TritonPythonModel:
             topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
         )
 
-    def _infer(self, model: str, batch: np.ndarray) -> np.ndarray:
-        request = pb_utils.InferenceRequest(
-            model_name=model,
-            requested_output_names=[contract.CLASSIFIER_OUTPUT.name],
-            inputs=[tensor_from_numpy(pb_utils, contract.CLASSIFIER_INPUT.name, batch)],
-        )
-        response = request.exec()
-        if response.has_error():
-            raise ChildCallError(response.error().message())
-        output = pb_utils.get_output_tensor_by_name(response, contract.CLASSIFIER_OUTPUT.name)
-        return tensor_to_numpy(output).copy()  # own the logits; the response's buffer goes away
+    @staticmethod
+    def _infer(model: str, batch: np.ndarray) -> np.ndarray:
+        return infer_child(pb_utils, model, contract.CLASSIFIER_INPUT.name, contract.CLASSIFIER_OUTPUT.name, batch)
 
     @staticmethod
     def _respond(result, wanted: set[str]):
