@@ -67,12 +67,18 @@ def _crop_offset(new_w: int, new_h: int, spec: PreprocessSpec) -> tuple[int, int
     return int(round((new_w - spec.crop) / 2.0)), int(round((new_h - spec.crop) / 2.0))
 
 
-def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, float, float, float]:
-    """Source-pixel box that the resize-then-centre-crop keeps."""
+def _geometry(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int, tuple[float, float, float, float]]:
+    """The resized height, the crop's top row in the resized image, and the source-pixel
+    box that the resize-then-centre-crop keeps."""
     new_w, new_h = _resized_size(width, height, spec)
     left, top = _crop_offset(new_w, new_h, spec)
     sx, sy = width / new_w, height / new_h
-    return (left * sx, top * sy, (left + spec.crop) * sx, (top + spec.crop) * sy)
+    return new_h, top, (left * sx, top * sy, (left + spec.crop) * sx, (top + spec.crop) * sy)
+
+
+def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, float, float, float]:
+    """Source-pixel box that the resize-then-centre-crop keeps."""
+    return _geometry(width, height, spec)[2]
 
 
 def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> None:
@@ -84,10 +90,8 @@ def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> 
     """
     if img.mode != "RGB":
         raise ValueError(f"preprocess expects an RGB image, got mode {img.mode}")
-    new_w, new_h = _resized_size(img.width, img.height, spec)
-    x0, y0, x1, y1 = crop_box(img.width, img.height, spec)
+    new_h, top, (x0, y0, x1, y1) = _geometry(img.width, img.height, spec)
     if spec.crop * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
-        _, top = _crop_offset(new_w, new_h, spec)
         # A box on the vertical axis makes Pillow round many pixels differently: keep all rows.
         columns = img.resize((spec.crop, new_h), Image.BILINEAR, box=(x0, 0, x1, img.height))
         cropped = columns.crop((0, top, spec.crop, top + spec.crop))
