@@ -54,7 +54,9 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 
 def tensor_from_numpy(pb_utils: Any, name: str, array: np.ndarray) -> Any:
-    """numpy -> pb_utils.Tensor through DLPack (torch.from_numpy shares the buffer)."""
+    """numpy -> pb_utils.Tensor through DLPack (torch.from_numpy shares the buffer). Not
+    numpy's own DLPack: the python backend renames the capsule it consumes in a way
+    numpy 1.x's capsule destructor rejects, which took the stub down when tried here."""
     import torch
 
     from torch.utils.dlpack import to_dlpack
@@ -63,13 +65,13 @@ def tensor_from_numpy(pb_utils: Any, name: str, array: np.ndarray) -> Any:
 
 
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
-    """pb_utils.Tensor (CPU or CUDA) -> numpy through DLPack; CUDA data is copied to host."""
-    import torch
-
+    """pb_utils.Tensor -> numpy through DLPack: numpy's own for CPU tensors (a view, no
+    copy); CUDA tensors go through torch and are copied to host."""
+    if tensor.is_cpu():
+        return np.from_dlpack(tensor)
     from torch.utils.dlpack import from_dlpack
 
-    t = from_dlpack(tensor.to_dlpack())
-    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+    return from_dlpack(tensor.to_dlpack()).cpu().numpy()
 
 
 def infer_child(pb_utils: Any, model: str, input_name: str, output_name: str, batch: np.ndarray) -> np.ndarray:
