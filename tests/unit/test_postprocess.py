@@ -99,3 +99,9 @@ def test_scores_are_probabilities_not_logits():
     assert np.allclose(top.scores[0], expected[[0, 1, 2]], atol=1e-6)
     assert (top.scores > 0).all() and (top.scores <= 1).all()
     assert float(top.labels[0, 0].split(b":")[0]) < 1.0  # not the raw logit 8.0
+
+
+def test_top_k_of_no_rows_keeps_its_shape():
+    top = top_k(np.empty((0, 10), np.float32), 3, LABELS)
+    assert top.labels.shape == top.scores.shape == top.class_ids.shape == (0, 3)
+    assert top.labels.dtype == object
