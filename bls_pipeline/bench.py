@@ -30,7 +30,7 @@ from .decode import DecodePolicy, decode
 from .preprocess import PreprocessSpec, preprocess_into
 from .repository import config_variant
 
-__all__ = ["main", "make_image_set", "run_point"]
+__all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSIFIER = "resnet50_onnx"
@@ -70,7 +70,7 @@ def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[byt
     return out
 
 
-def _tensor_set(images: list[bytes]) -> list[np.ndarray]:
+def tensor_set(images: list[bytes]) -> list[np.ndarray]:
     spec = PreprocessSpec()
     tensors = []
     for data in images:
@@ -88,7 +88,7 @@ def _model(target: str) -> str:
     return target
 
 
-def _request(tc, target: str, payload) -> tuple[str, list, list]:
+def build_request(tc, target: str, payload) -> tuple[str, list, list]:
     """Model name, inputs and outputs for one request, built once and reused."""
     if target == "classifier":
         inp = tc.InferInput(CLASSIFIER_INPUT.name, list(payload.shape), "FP32")
@@ -122,7 +122,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
 
     def worker(w: int) -> None:
         client = tc.InferenceServerClient(url)
-        requests = [_request(tc, target, p) for p in payloads]
+        requests = [build_request(tc, target, p) for p in payloads]
         i = w
         start_gate.wait()
         while True:
@@ -290,7 +290,7 @@ def _machine() -> dict:
     return {"machine": f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}", "versions": versions}
 
 
-def _bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
+def bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
     flip branch is off so classify_bls does the same work as the branch-less ensemble."""
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "__pycache__"))
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = sorted((REPO / "samples").glob("*.jpg"))
     images = make_image_set(samples)
-    tensors = _tensor_set(images)
+    tensors = tensor_set(images)
     big = REPO.parent / "shared" / "images" / "mug.jpg"
     big_bytes = big.read_bytes() if big.exists() else _synthetic_12mp(samples[0])
     prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big.exists() else "12MP JPEG (synthetic 4000x3000)": big_bytes})
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            _bench_repository(args.model_repository, repo, args.keep_branches)
+            bench_repository(args.model_repository, repo, args.keep_branches)
             server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                                 log_file=workdir / "tritonserver.log"))
             server.start()

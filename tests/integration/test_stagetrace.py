@@ -1,0 +1,43 @@
+"""bls-trace stamps the real models: every stage of both paths, in the order it runs."""
+
+import pytest
+
+from bls_pipeline import stagetrace
+
+pytestmark = pytest.mark.integration
+
+BLS_ORDER = [
+    "client send",
+    "classify_bls execute start",
+    "classify_bls decode_to_batch start", "classify_bls decode_to_batch end",
+    "classify_bls tensor_from_numpy start", "classify_bls tensor_from_numpy end",
+    "resnet50_onnx execute start",
+    "resnet50_onnx onnxruntime start", "resnet50_onnx onnxruntime end",
+    "resnet50_onnx execute end",
+    "classify_bls tensor_to_numpy start", "classify_bls tensor_to_numpy end",
+    "classify_bls softmax start", "classify_bls softmax end",
+    "classify_bls top_k start", "classify_bls top_k end",
+    "classify_bls execute end",
+    "client receipt",
+]
+
+
+def test_both_paths_are_stamped_in_order(model_repo, tmp_path, server_factory):
+    repo, stamps = stagetrace.traced_repository(model_repo, tmp_path / "trace")
+    server = server_factory(repo, tmp_path, models=stagetrace.TRACED_MODELS)
+    try:
+        traces = stagetrace.trace(server.grpc_url, stamps, requests=8, warmup=2)
+    finally:
+        server.stop()
+    assert {path: len(reqs) for path, reqs in traces.items()} == {"direct": 8, "classify_bls": 8}
+    for request in traces["classify_bls"]:
+        assert [request[name] for name in BLS_ORDER] == sorted(request[name] for name in BLS_ORDER)
+    for request in traces["direct"]:  # the classifier alone: no classify_bls stage in its window
+        assert not [name for name in request if name.startswith("classify_bls")]
+        assert request["client send"] < request["resnet50_onnx onnxruntime start"] < request["client receipt"]
+    bls = stagetrace.segments(traces["classify_bls"])
+    assert [a for a, _, _ in bls][0] == "client send" and bls[-1][1] == "client receipt"
+    assert all(ms >= 0 for _, _, ms in bls)
+    table = stagetrace.report(traces)
+    assert "| classify_bls decode_to_batch start | classify_bls decode_to_batch end |" in table
+    assert "classify_bls - direct, p50 totals:" in table
