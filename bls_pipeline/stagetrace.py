@@ -15,6 +15,7 @@ two consecutive stamps.
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import os
 import shutil
@@ -143,8 +144,6 @@ def _read_stamps(stamps: Path) -> list[tuple[int, str]]:
 
 def _match(windows: list[tuple[str, int, int]], events: list[tuple[int, str]]) -> dict[str, list[dict[str, int]]]:
     """Each request's stamps are those between its send and its receipt (one at a time)."""
-    import bisect
-
     times = [t for t, _ in events]
     out: dict[str, list[dict[str, int]]] = {path: [] for path in PATHS}
     for path, t0, t1 in windows:
@@ -192,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                                             models=TRACED_MODELS, log_file=workdir / "tritonserver.log"))
         server.start()
         try:
+            missing = {m: server.skipped.get(m, "not loaded") for m in TRACED_MODELS if m not in server.loaded}
+            if missing:
+                p.error(f"cannot trace without {', '.join(missing)} ({missing}); resnet50_onnx needs an exported "
+                        "model.onnx: python -m engine_build export --weights random")
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
             traces = trace(url, stamps, args.requests, args.warmup, args.protocol)
         finally:

@@ -1,5 +1,8 @@
 """bls-trace stamps the real models: every stage of both paths, in the order it runs."""
 
+import re
+import shutil
+
 import pytest
 
 from bls_pipeline import stagetrace
@@ -41,3 +44,19 @@ def test_both_paths_are_stamped_in_order(model_repo, tmp_path, server_factory):
     table = stagetrace.report(traces)
     assert "| classify_bls decode_to_batch start | classify_bls decode_to_batch end |" in table
     assert "classify_bls - direct, p50 totals:" in table
+
+
+def test_command_line_prints_the_split(model_repo, capsys):
+    assert stagetrace.main(["--requests", "3", "--warmup", "1", "--model-repository", str(model_repo)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| client send \| client receipt \(total\) \| \d+\.\d{3} \|$", out, re.M)
+    assert re.search(r"^classify_bls - direct, p50 totals: -?\d+\.\d{3} ms$", out, re.M)
+
+
+def test_command_line_names_a_missing_classifier(tmp_path, repo_root, capsys):
+    repo = tmp_path / "models"
+    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "__pycache__"))
+    with pytest.raises(SystemExit) as exc:
+        stagetrace.main(["--requests", "1", "--model-repository", str(repo)])
+    assert exc.value.code == 2
+    assert "cannot trace without resnet50_onnx" in capsys.readouterr().err
