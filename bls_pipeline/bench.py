@@ -342,15 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             url = args.url
         else:
-            from .server import ServerOptions, TritonServer, free_port
+            from .server import ServerOptions, TritonServer
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches)
-            server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                                log_file=workdir / "tritonserver.log"))
+            server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log"))
             server.start()
-            url = server.grpc_url if args.protocol == "grpc" else server.http_url
+            url = server.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.
         grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .client import classify_files, find_images, format_table
-from .server import ServerOptions, TritonServer, free_port
+from .server import ServerOptions, TritonServer
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     files = find_images(args.images)
     # classify_bls and what it calls; the ensemble baseline is for bls-bench.
     wanted = tuple(m for m in ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx") if m not in excluded)
-    opts = ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                         log_file=repo.parent / "tritonserver.log", models=wanted)
+    opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=wanted)
     print(f"starting tritonserver (log: {opts.log_file}) ...", flush=True)
     with TritonServer(opts) as server:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "

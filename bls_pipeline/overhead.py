@@ -110,16 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     args = p.parse_args(argv)
 
-    from .server import ServerOptions, TritonServer, free_port
+    from .server import ServerOptions, TritonServer
 
     workdir = Path(tempfile.mkdtemp(prefix="bls-overhead-"))
     try:
         repo = probe_repository(workdir, args.hold_ms, args.hold_mode)
-        options = ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                log_file=workdir / "tritonserver.log")
-        with TritonServer(options) as server:
-            url = server.grpc_url if args.protocol == "grpc" else server.http_url
-            p50 = measure(url, args.protocol, args.requests, args.rounds)
+        with TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log")) as server:
+            p50 = measure(server.url(args.protocol), args.protocol, args.requests, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(report(p50, args.hold_ms, args.hold_mode))

@@ -66,6 +66,12 @@ class ServerOptions:
     # Probe python models with real inference and reload one whose stub died (0: off).
     watchdog_interval_s: float = 0.0
 
+    @classmethod
+    def on_free_ports(cls, model_repository: Path, log_file: Path | None, **kwargs) -> "ServerOptions":
+        """Loopback on three free ports: a throwaway server for a tool (bls-bench, bls-demo...) or a test."""
+        return cls(model_repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                   log_file=log_file, **kwargs)
+
 
 @dataclass(frozen=True)
 class StopReport:
@@ -103,6 +109,12 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"{_url_host(self.options.host)}:{self.options.grpc_port}"
+
+    def url(self, protocol: str) -> str:
+        """The inference endpoint for a tritonclient of `protocol` ("http" or "grpc")."""
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        return self.http_url if protocol == "http" else self.grpc_url
 
     @property
     def metrics_url(self) -> str:

@@ -175,7 +175,7 @@ def report(traces: dict[str, list[dict[str, int]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .server import ServerOptions, TritonServer, free_port
+    from .server import ServerOptions, TritonServer
 
     p = argparse.ArgumentParser(prog="bls-trace", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=300, help="measured requests per path")
@@ -187,16 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bls-trace-"))
     try:
         repo, stamps = traced_repository(args.model_repository, workdir)
-        server = TritonServer(ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                            models=TRACED_MODELS, log_file=workdir / "tritonserver.log"))
+        server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=TRACED_MODELS))
         server.start()
         try:
             missing = {m: server.skipped.get(m, "not loaded") for m in TRACED_MODELS if m not in server.loaded}
             if missing:
                 p.error(f"cannot trace without {', '.join(missing)} ({missing}); resnet50_onnx needs an exported "
                         "model.onnx: python -m engine_build export --weights random")
-            url = server.grpc_url if args.protocol == "grpc" else server.http_url
-            traces = trace(url, stamps, args.requests, args.warmup, args.protocol)
+            traces = trace(server.url(args.protocol), stamps, args.requests, args.warmup, args.protocol)
         finally:
             server.stop()
         print(report(traces))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.repository import config_variant
-from bls_pipeline.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.server import ServerOptions, TritonServer
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +47,7 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
 
 
 def start_server(repo: Path, log_dir: Path, **kwargs) -> TritonServer:
-    opts = ServerOptions(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                         log_file=log_dir / "tritonserver.log", **kwargs)
-    server = TritonServer(opts)
+    server = TritonServer(ServerOptions.on_free_ports(repo, log_dir / "tritonserver.log", **kwargs))
     server.start()
     return server
 

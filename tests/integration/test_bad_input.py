@@ -253,7 +253,7 @@ RAW = ["image-as-int32", "image-as-fp32", "image-shape-1x2", "batch-of-65", "top
 # ---- sending and checking ----------------------------------------------------------------
 
 def _url(server, protocol: str) -> str:
-    return server.http_url if protocol == "http" else server.grpc_url
+    return server.url(protocol)
 
 
 def _send(server, protocol: str, case: ImageCase | RawCase):

@@ -14,7 +14,7 @@ GOLDEN = {"mug": 504, "coffee": 967, "camera": 872}  # coffee mug, espresso, tri
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_golden_labels_through_classify_bls(server, sample_images, protocol):
-    client = ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol)
+    client = ClassifyClient(server.url(protocol), protocol)
     names = list(GOLDEN)
     out = client.classify([sample_images[n] for n in names], topk=1)
     assert out["CLASS_IDS"][:, 0].tolist() == [GOLDEN[n] for n in names]

@@ -21,7 +21,7 @@ RESNET_ONLY = "classify_bls_resnet50"  # classify_bls's code with the cascade of
 
 
 def _client(server, protocol: str, model: str = RESNET_ONLY, **kw) -> ClassifyClient:
-    return ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol, model=model, **kw)
+    return ClassifyClient(server.url(protocol), protocol, model=model, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_ensemble_baseline_gives_the_same_labels(server, protocol, sample_images
     """ensemble_resnet50 (no branches) answers exactly like classify_bls on the same images."""
     images = list(sample_images.values())
     bls = _client(server, protocol).classify(images)
-    ensemble = ClassifyClient(server.http_url if protocol == "http" else server.grpc_url, protocol, model="ensemble_resnet50")
+    ensemble = ClassifyClient(server.url(protocol), protocol, model="ensemble_resnet50")
     outputs = [ensemble._client.infer("ensemble_resnet50", [_image_input(ensemble, [img])]) for img in images]
     labels = np.concatenate([o.as_numpy("LABELS") for o in outputs])
     np.testing.assert_array_equal(labels, bls["LABELS"])

@@ -114,7 +114,8 @@ def test_soak_mixed_traffic_loses_nothing(model_repo, tmp_path, server_factory, 
     stop = threading.Event()
 
     def loop(worker: int):
-        client = ClassifyClient(srv.http_url if worker % 2 else srv.grpc_url, "http" if worker % 2 else "grpc", model=FAILOVER)
+        protocol = "http" if worker % 2 else "grpc"
+        client = ClassifyClient(srv.url(protocol), protocol, model=FAILOVER)
         i = worker
         while not stop.is_set():
             bad = i % 5 == 0
