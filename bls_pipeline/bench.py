@@ -349,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_repository(args.model_repository, repo, args.keep_branches)
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log"))
             server.start()
+            missing = server.not_loaded(tuple(sorted({_model(t) for t in targets})))
+            if missing:
+                p.error(f"cannot benchmark without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
+                        "python -m engine_build export --weights random")
             url = server.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.

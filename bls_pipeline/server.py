@@ -205,6 +205,11 @@ class TritonServer:
             if pending:
                 time.sleep(0.25)
 
+    def not_loaded(self, models: tuple[str, ...]) -> dict[str, str]:
+        """Those of `models` this server did not load, each with the reason (for a tool that
+        needs them to say so before it starts, not fail on its first request)."""
+        return {m: self.skipped.get(m, "not loaded") for m in models if m not in self.loaded}
+
     def is_model_ready(self, model: str) -> bool:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:

@@ -190,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=TRACED_MODELS))
         server.start()
         try:
-            missing = {m: server.skipped.get(m, "not loaded") for m in TRACED_MODELS if m not in server.loaded}
+            missing = server.not_loaded(TRACED_MODELS)
             if missing:
-                p.error(f"cannot trace without {', '.join(missing)} ({missing}); resnet50_onnx needs an exported "
-                        "model.onnx: python -m engine_build export --weights random")
+                p.error(f"cannot trace without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
+                        "python -m engine_build export --weights random")
             traces = trace(server.url(args.protocol), stamps, args.requests, args.warmup, args.protocol)
         finally:
             server.stop()

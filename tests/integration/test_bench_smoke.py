@@ -1,6 +1,7 @@
 """bls-bench keeps working: a few-second run (the real numbers come from a full run, see README)."""
 
 import json
+import shutil
 
 import pytest
 
@@ -26,3 +27,15 @@ def test_bench_smoke(model_repo, tmp_path):
     table = (out / "bench.md").read_text()
     assert "| classify_bls | 1 |" in table and "12MP" in table
     assert all(r["ms_per_image"] > 0 and r["ms_per_image_cold_cache"] > 0 for r in report["preprocess"])
+
+
+def test_bench_names_a_missing_model_before_it_starts(tmp_path, repo_root, capsys):
+    repo = tmp_path / "models"
+    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "__pycache__"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0", "--model-repository", str(repo),
+                    "--targets", "classifier,classify_bls", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot benchmark without resnet50_onnx" in err and "python -m engine_build export --weights random" in err
+    assert not (tmp_path / "out").exists()
