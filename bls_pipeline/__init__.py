@@ -1,24 +1,11 @@
-"""Image classification on Triton with the pipeline written as Business Logic Scripting.
+"""Image classification on Triton Inference Server, with the pipeline written as code (BLS).
 
-Pure stages (decode, preprocess, postprocess, routing, config) plus the glue that talks
-to Triton (server launcher, client, model adapters in models/).
+Users write flows (bls_pipeline.flow); the rest of the package runs them:
+    decode, preprocess, postprocess, batching   pure stages: bytes -> pixels, logits -> labels
+    runtime/                                    the flow runtime, pure, over an injected model call
+    adapter/                                    the Triton-facing glue that models/*/1/model.py hands over to
+    server, repository, watchdog, client        the local launcher (bls-serve) and client (bls-classify)
+    bench, overhead, stagetrace, demo           tools (bls-bench, bls-overhead, bls-trace, bls-demo)
 """
 
-from .config import PipelineConfig, parse_pipeline_config
-from .decode import DecodePolicy, ImageError, decode
-from .pipeline import ImageRequest, Pipeline, Prediction, RequestError
-from .preprocess import PreprocessSpec, preprocess_into
-
-__all__ = [
-    "DecodePolicy",
-    "ImageError",
-    "ImageRequest",
-    "Pipeline",
-    "PipelineConfig",
-    "Prediction",
-    "PreprocessSpec",
-    "RequestError",
-    "decode",
-    "parse_pipeline_config",
-    "preprocess_into",
-]
+__version__ = "0.2.0"

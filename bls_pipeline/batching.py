@@ -1,6 +1,6 @@
 """Many requests' encoded images -> one preprocessed batch, with per-request failures.
 
-Shared by classify_bls (pipeline.py) and the ensemble baseline's preprocessing model,
+Shared by the flow runtime and the ensemble baseline's preprocessing model,
 so both do exactly the same work per image.
 """
 
@@ -12,36 +12,43 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from PIL import Image
 
 from .decode import DecodePolicy, ImageError, decode
 from .preprocess import PreprocessSpec, preprocess_into
 
-__all__ = ["DecodedBatch", "decode_to_batch"]
+__all__ = ["DecodedBatch", "decode_to_batch", "preprocess_batch"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    batch: np.ndarray  # (rows, 3, crop, crop) float32, rows of the good requests only
+    batch: np.ndarray  # (rows, *spec.input_shape), rows of the good requests only
     owners: np.ndarray  # (rows,) index of the request each row belongs to
     errors: dict[int, ImageError]  # request index -> its first bad image's error
     bad_index: dict[int, int]  # request index -> index of that image within the request
+    images: list[Image.Image] | None = None  # the decoded images of those rows, if kept
 
 
 def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePolicy, spec: PreprocessSpec,
-                    pool: Executor | None) -> DecodedBatch:
+                    pool: Executor | None, keep_images: bool = False) -> DecodedBatch:
     """Decode + preprocess every image (None = skip that request) on `pool` (None: here).
 
     Each image is written straight into its row of the batch tensor, which is then handed
-    to the classifier as is when no request failed.
+    to the model as is when no request failed. `keep_images` also keeps the decoded
+    images, for models that want other geometry (see preprocess_batch).
     """
     jobs = [(r, i, data) for r, imgs in enumerate(images) if imgs is not None for i, data in enumerate(imgs)]
-    batch = np.empty((len(jobs), *spec.input_shape), dtype=np.float32)
+    batch = np.empty((len(jobs), *spec.input_shape), dtype=spec.numpy_dtype)
+    kept: list[Image.Image | None] = [None] * len(jobs)
 
     def work(row: int) -> ImageError | None:
         try:
-            preprocess_into(decode(jobs[row][2], policy), spec, batch[row])
+            img = decode(jobs[row][2], policy)
+            preprocess_into(img, spec, batch[row])
+            if keep_images:
+                kept[row] = img
             return None
         except ImageError as exc:
             # A fresh copy: the caught one's traceback and context reach this frame and so
@@ -64,5 +71,20 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
     owners = np.fromiter((r for r, _, _ in jobs), dtype=np.int64, count=len(jobs))
     if errors:
         keep = np.flatnonzero(~np.isin(owners, list(errors)))
-        return DecodedBatch(batch[keep], owners[keep], errors, bad_index)
-    return DecodedBatch(batch, owners, errors, bad_index)
+        return DecodedBatch(batch[keep], owners[keep], errors, bad_index, [kept[i] for i in keep] if keep_images else None)
+    return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None)
+
+
+def preprocess_batch(images: Sequence[Image.Image], spec: PreprocessSpec, pool: Executor | None) -> np.ndarray:
+    """Already decoded images -> one (rows, *spec.input_shape) batch for `spec`."""
+    batch = np.empty((len(images), *spec.input_shape), dtype=spec.numpy_dtype)
+
+    def work(row: int) -> None:
+        preprocess_into(images[row], spec, batch[row])
+
+    if pool is not None and len(images) > 1:
+        list(pool.map(work, range(len(images))))
+    else:
+        for row in range(len(images)):
+            work(row)
+    return batch

@@ -28,7 +28,7 @@ from .client import tritonclient_module
 from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
 from .decode import DecodePolicy, decode
 from .preprocess import PreprocessSpec, preprocess_into
-from .repository import config_variant
+from .runtime.modelconfig import config_variant
 
 __all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 

@@ -1,7 +1,8 @@
 """`bls-demo`: the README's main job, end to end on this machine.
 
-Exports the ONNX classifier if missing, starts the embedded tritonserver on free ports,
-classifies the sample images over HTTP and gRPC, prints the labels, stops the server.
+Exports the ONNX classifiers if missing, starts the embedded tritonserver on free ports,
+classifies the sample images with classify_bls over HTTP and gRPC, prints the labels and
+routes, stops the server.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .server import ServerOptions, TritonServer
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
+FLOWS = ("classify_bls",)
 
 
 def _onnx_path(repo: Path, onnx_model: str) -> Path:
@@ -34,8 +36,8 @@ def _weights(repo: Path, onnx_model: str) -> str | None:
     return exported_weights(_onnx_path(repo, onnx_model))
 
 
-def ensure_classifiers(repo: Path, say=print) -> tuple[str, ...]:
-    """Export what is missing; returns the models NOT to serve (resnet50 without real weights).
+def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
+    """Export what is missing; returns the models NOT to serve, with why (resnet50 without real weights).
 
     efficientnet_lite0's ImageNet weights ship in a package, so it always exports. resnet50
     needs torchvision's download: without it, resnet50 stays out (no random weights behind
@@ -56,14 +58,14 @@ def ensure_classifiers(repo: Path, say=print) -> tuple[str, ...]:
                 "NOTE: resnet50 is NOT served: classify_bls answers with efficientnet_lite0 alone, and images it is\n"
                 "      unsure about show ROUTE efficientnet_lite0_onnx:degraded instead of being escalated.\n"
                 "      To add resnet50: python -m engine_build export --weights /path/to/resnet50.pth")
-            return ("resnet50_onnx",)
+            return {"resnet50_onnx": "no ImageNet weights here"}
     weights = _weights(repo, "resnet50_onnx")
     if weights == "random":
         say("NOTE: models/resnet50_onnx carries RANDOM weights (a test export): not serving it, so every label\n"
             "      printed below comes from efficientnet_lite0's real weights.")
-        return ("resnet50_onnx",)
+        return {"resnet50_onnx": "random weights (a test export)"}
     say(f"resnet50_onnx weights: {weights}; efficientnet_lite0_onnx weights: {_weights(repo, 'efficientnet_lite0_onnx')}")
-    return ()
+    return {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,17 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(args.model_repository)
     excluded = ensure_classifiers(repo)
     files = find_images(args.images)
-    # classify_bls and what it calls; the ensemble baseline is for bls-bench.
-    wanted = tuple(m for m in ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx") if m not in excluded)
-    opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=wanted)
+    # The shipped flow and what it calls; the ensemble baseline is for bls-bench.
+    opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=FLOWS, exclude=excluded)
     print(f"starting tritonserver (log: {opts.log_file}) ...", flush=True)
     with TritonServer(opts) as server:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "
               + (", ".join(f"{m} ({why})" for m, why in server.skipped.items()) or "none"))
         failed = False
-        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            results = classify_files(url, protocol, files, args.topk, concurrency=4)
-            print(f"\n== classify_bls over {protocol.upper()} ({url}), top-{args.topk} ==")
+        runs = [("classify_bls", "http"), ("classify_bls", "grpc")]
+        for model, protocol in runs:
+            url = server.url(protocol)
+            results = classify_files(url, protocol, files, args.topk, concurrency=4, model=model)
+            print(f"\n== {model} over {protocol.upper()} ({url}), top-{args.topk} ==")
             print(format_table(results))
             failed |= any(r.error for r in results)
     print("server stopped.")

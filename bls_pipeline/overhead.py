@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from .client import tritonclient_module
 from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE
-from .repository import config_variant, parse_config
+from .runtime.modelconfig import config_variant, parse_config
 
 __all__ = ["PATHS", "main", "measure", "probe_repository"]
 

@@ -1,109 +1,152 @@
-"""Read a Triton model repository: parsed configs and which models can load here."""
+"""Read a Triton model repository: which model calls which, what can load here, in what
+order to drain.
+
+A model calls others when it is an ensemble (its steps) or a flow model (the models its
+flow.py declares, with its config.pbtxt's settings applied). Loading a model loads what
+it calls; draining unloads callers before the models they call.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import shlex
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+from .runtime.loader import declared_models, is_flow_model
+from .runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
-from .config import optional_names
+__all__ = ["LoadPlan", "Repository", "drain_stages", "plan_loading"]
 
-__all__ = ["LoadPlan", "called_models", "config_variant", "parse_config", "plan_loading", "string_parameters"]
-
-# classify_bls parameters that name the models it calls (bls_pipeline.config).
-CALLEE_PARAMETERS = ("classifiers", "cascade_classifiers")
+log = logging.getLogger(__name__)
 
 # Parameter a python model sets to name the file its version folder must hold
 # (e.g. model.onnx for resnet50_onnx); without it the model is not loaded.
 ARTIFACT_PARAMETER = "artifact"
 
 
-def parse_config(model_dir: Path) -> model_config_pb2.ModelConfig:
-    path = Path(model_dir) / "config.pbtxt"
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+@dataclass(frozen=True)
+class Repository:
+    root: Path
+    configs: dict[str, ModelConfig]
+    callees: dict[str, tuple[str, ...]]  # model -> the models it calls
+
+    @classmethod
+    def read(cls, root: Path) -> "Repository":
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"no model repository at {root}")
+        configs = {d.name: parse_config(d) for d in sorted(root.iterdir()) if (d / "config.pbtxt").is_file()}
+        return cls(root, configs, {name: _callees(root / name, cfg) for name, cfg in configs.items()})
+
+    def closure(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """`names` and everything they call, directly or not (in repository order)."""
+        seen: set[str] = set()
+        todo = list(names)
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(c for c in self.callees.get(name, ()) if c in self.configs)
+        return tuple(n for n in self.configs if n in seen)
 
 
-def config_variant(model_dir: Path, name: str, params: dict[str, str]) -> str:
-    """model_dir's config.pbtxt renamed to `name`, with these string parameters set or added
-    (how the tests and bls-bench make variants of classify_bls: same code, other settings)."""
-    config = parse_config(model_dir)
-    config.name = name
-    for key, value in params.items():
-        config.parameters[key].string_value = value
-    return text_format.MessageToString(config)
+def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
+    if config.platform == "ensemble":
+        return tuple(step.model_name for step in config.ensemble_scheduling.step)
+    if is_flow_model(model_dir):
+        try:
+            return declared_models(model_dir)
+        except Exception as exc:  # noqa: BLE001 - tritonserver will report it at load, with the same cause
+            log.warning("cannot read the models %s's flow declares (%s: %s): loading it alone", model_dir.name, type(exc).__name__, exc)
+    return ()
 
 
-def string_parameters(config: model_config_pb2.ModelConfig) -> dict[str, str]:
-    return {key: value.string_value for key, value in config.parameters.items()}
+def export_hint(model: str) -> str:
+    """The command that builds `model`'s artifact, for this Python (copy it as it is)."""
+    family = model.rsplit("_", 1)[0] if model.endswith(("_onnx", "_trt")) else model
+    python = shlex.quote(sys.executable)
+    if model.endswith("_trt"):
+        return f"{python} -m engine_build trt --model {family} --fp16 (needs TensorRT and a GPU)"
+    try:
+        from engine_build.export_onnx import EXPORTS
+    except ImportError:  # an installed package without engine_build
+        return f"{python} -m engine_build export --help"
+    target = EXPORTS.get(family)
+    if target is None:
+        return f"export it to {model}/1 (engine_build knows only {', '.join(EXPORTS)})"
+    weights = "" if target.default_weights else " --weights imagenet   (or a .pth file; 'random' for tests)"
+    return f"{python} -m engine_build export --model {family}{weights}"
 
 
-def _family(model_name: str) -> str:
-    """engine_build's --model for a served model name (resnet50_onnx -> resnet50)."""
-    return model_name.rsplit("_", 1)[0] if model_name.endswith(("_onnx", "_trt")) else model_name
-
-
-def _version_dir(model_dir: Path) -> Path:
-    return model_dir / "1"
-
-
-def _missing_part(model_dir: Path, config: model_config_pb2.ModelConfig, backends: set[str]) -> str | None:
+def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> str | None:
     """Why this model cannot load with these backends, or None if it can (ensembles aside)."""
+    version = model_dir / "1"
     if config.platform == "ensemble":
         return None
     if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
         if "tensorrt" not in backends:
             return "this tritonserver has no TensorRT backend"
-        plan = _version_dir(model_dir) / (config.default_model_filename or "model.plan")
+        plan = version / (config.default_model_filename or "model.plan")
         if not plan.exists():
-            return f"{plan.relative_to(model_dir.parent)} is missing: build it with `python -m engine_build trt --model {_family(model_dir.name)}`"
+            return f"{model_dir.name}/1/{plan.name} is missing: build it with {export_hint(model_dir.name)}"
         return None
     backend = config.backend or config.platform
     if backend not in backends:
         return f"this tritonserver has no {backend} backend"
     artifact = string_parameters(config).get(ARTIFACT_PARAMETER)
-    if artifact and not (_version_dir(model_dir) / artifact).exists():
-        return f"{model_dir.name}/1/{artifact} is missing: export it with `python -m engine_build export --model {_family(model_dir.name)}`"
+    if artifact and not (version / artifact).exists():
+        return f"{model_dir.name}/1/{artifact} is missing: export it with {export_hint(model_dir.name)}"
     return None
 
 
 @dataclass(frozen=True)
 class LoadPlan:
     load: tuple[str, ...]
-    skipped: dict[str, str]
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
-def plan_loading(repo: Path, backends: set[str], only: tuple[str, ...] | None = None) -> LoadPlan:
-    configs = {d.name: parse_config(d) for d in sorted(Path(repo).iterdir()) if (d / "config.pbtxt").exists()}
+def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, ...] | None = None,
+                 exclude: dict[str, str] | None = None) -> LoadPlan:
+    """What to load: `only` (default: every model) with what they call, less what cannot
+    load here (each with the reason) and `exclude` ({model: reason})."""
+    repo = repo if isinstance(repo, Repository) else Repository.read(repo)
     if only is not None:
-        unknown = sorted(set(only) - set(configs))
+        unknown = sorted(set(only) - set(repo.configs))
         if unknown:
-            raise ValueError(f"no such model in {repo}: {', '.join(unknown)}")
-    skipped: dict[str, str] = {}
-    for name, cfg in configs.items():
-        if only is not None and name not in only:
-            continue
-        why = _missing_part(Path(repo) / name, cfg, backends)
-        if why:
+            raise ValueError(f"no such model in {repo.root}: {', '.join(unknown)} (models there: {', '.join(repo.configs)})")
+    asked = tuple(repo.configs) if only is None else only
+    wanted = repo.closure(asked)
+    skipped = dict(exclude or {})
+    for name in wanted:
+        why = _missing_part(repo.root / name, repo.configs[name], backends)
+        if why and name not in skipped:
             skipped[name] = why
     # An ensemble loads only if every step it calls can.
-    for name, cfg in configs.items():
-        if cfg.platform == "ensemble" and name not in skipped and (only is None or name in only):
-            steps = [s.model_name for s in cfg.ensemble_scheduling.step]
-            missing = [s for s in steps if s not in configs or s in skipped]
+    for name in wanted:
+        if repo.configs[name].platform == "ensemble" and name not in skipped:
+            missing = [s for s in repo.callees[name] if s not in repo.configs or s in skipped]
             if missing:
                 skipped[name] = f"its steps cannot load: {', '.join(missing)}"
-    wanted = [n for n in configs if only is None or n in only]
-    return LoadPlan(load=tuple(n for n in wanted if n not in skipped), skipped=skipped)
+    # A model that only ensembles call, none of which loads, has nothing to serve (unless asked for by name).
+    for name in wanted:
+        callers = [c for c in wanted if name in repo.callees[c]]
+        helper_only = callers and all(repo.configs[c].platform == "ensemble" for c in callers)
+        if helper_only and name not in skipped and (only is None or name not in only) and all(c in skipped for c in callers):
+            skipped[name] = f"only {', '.join(callers)} use{'s' if len(callers) == 1 else ''} it, and {'it' if len(callers) == 1 else 'they'} cannot load"
+    return LoadPlan(load=tuple(n for n in wanted if n not in skipped), skipped={n: skipped[n] for n in wanted if n in skipped})
 
 
-def called_models(configs: dict[str, model_config_pb2.ModelConfig]) -> set[str]:
-    """Models that another model calls: ensemble steps and classify_bls's classifiers."""
-    called: set[str] = set()
-    for cfg in configs.values():
-        called.update(step.model_name for step in cfg.ensemble_scheduling.step)
-        params = string_parameters(cfg)
-        for key in CALLEE_PARAMETERS:
-            called.update(optional_names(params.get(key, "")))
-    return called
+def drain_stages(repo: Path | Repository, loaded: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """`loaded` in unload order: each stage holds the models no model of a later stage calls
+    (callers first, so their in-flight requests finish while what they call still serves)."""
+    repo = repo if isinstance(repo, Repository) else Repository.read(repo)
+    left = list(loaded)
+    stages = []
+    while left:
+        called = {c for m in left for c in repo.callees.get(m, ()) if c != m}
+        stage = tuple(m for m in left if m not in called) or tuple(left)  # a cycle: the rest together
+        stages.append(stage)
+        left = [m for m in left if m not in stage]
+    return stages

@@ -56,7 +56,8 @@ class ServerOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    models: tuple[str, ...] | None = None  # None: every model whose parts are present
+    models: tuple[str, ...] | None = None  # None: every model whose parts are present; else these and what they call
+    exclude: dict[str, str] = field(default_factory=dict)  # models not to load: {name: why}
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     exit_timeout_s: int = 20
     startup_timeout_s: float = 180.0
@@ -98,6 +99,7 @@ class TritonServer:
         self.shm_prefix = f"{SHM_PREFIX}bls{os.getpid()}_{secrets.token_hex(3)}_"
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
+        self.repository: repository.Repository | None = None
         self.watchdog: Watchdog | None = None
         self.last_stop: StopReport | None = None
 
@@ -142,7 +144,8 @@ class TritonServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="bls-triton-"))
         binary = _find_binary(self._workdir)
         available = _available_backends(binary)
-        plan = repository.plan_loading(repo, available, only=opts.models)
+        self.repository = repository.Repository.read(repo)
+        plan = repository.plan_loading(self.repository, available, only=opts.models, exclude=opts.exclude)
         self.loaded, self.skipped = plan.load, plan.skipped
         for name, why in plan.skipped.items():
             log.warning("not loading %s: %s", name, why)
@@ -188,8 +191,7 @@ class TritonServer:
             self.stop()
             raise
         if opts.watchdog_interval_s > 0:
-            python_models = {n: repository.parse_config(repo / n) for n in plan.load}
-            python_models = {n: c for n, c in python_models.items() if c.backend == "python"}
+            python_models = {n: self.repository.configs[n] for n in plan.load if self.repository.configs[n].backend == "python"}
             self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s)
             self.watchdog.start()
 
@@ -230,11 +232,8 @@ class TritonServer:
 
     def _drain(self, timeout_s: float) -> bool:
         """Unload callers, then the models they call; True once none is READY or UNLOADING."""
-        repo = Path(self.options.model_repository)
-        configs = {name: repository.parse_config(repo / name) for name in self.loaded}
-        called = repository.called_models(configs)
         deadline = time.monotonic() + timeout_s
-        for stage in ([m for m in self.loaded if m not in called], [m for m in self.loaded if m in called]):
+        for stage in repository.drain_stages(self.repository, self.loaded):
             for model in stage:
                 self.unload_model(model)
             while any(state in ("READY", "UNLOADING") for name, state in self._states().items() if name in stage):

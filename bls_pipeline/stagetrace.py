@@ -2,9 +2,10 @@
 
 bls-bench gives classify_bls's p50 at concurrency 1; this splits it. It starts
 tritonserver on a copy of models/ (as bls-bench: resnet50 only, no flip pass) in which
-classify_bls and resnet50_onnx run their own model.py, wrapped so that execute() and
-bls_pipeline's stage functions (decode_to_batch, the DLPack glue, onnxruntime, softmax,
-top_k) stamp the time on entry and exit. The clock is CLOCK_MONOTONIC, one clock for every
+classify_bls and resnet50_onnx run their own model.py, wrapped so that execute() stamps
+the time on entry and exit and the runtime's stage hook (runtime/stages.py: decode +
+preprocess, the flow, the child call and its DLPack glue, onnxruntime, top-k) stamps
+every stage's edges. The clock is CLOCK_MONOTONIC, one clock for every
 process on the machine, so the gaps between one process's stamp and the next process's
 are the hops through tritonserver. Requests go one at a time, alternating classify_bls
 and the classifier alone fed the preprocessed tensor (bls-bench's `classifier`), so both
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import functools
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -54,28 +54,14 @@ def _stamp(name: str) -> None:
     _out.write(f"{time.perf_counter_ns()} {_model} {name}\n")
 
 
-def _stamped(fn: Callable, name: str) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _stamp(f"{name} start")
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _stamp(f"{name} end")
-    return wrapper
-
-
 def install(trace_dir: str, model: str) -> None:
-    """Stamp bls_pipeline's stage functions in this process (before model.py imports them)."""
+    """Stamp every runtime stage in this process (its stage hook)."""
     global _out, _model
-    from . import onnx_classifier, pipeline, triton_glue
+    from .runtime import stages
 
     _out = open(Path(trace_dir) / f"{os.getpid()}.txt", "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the stub
     _model = model
-    for module, name in ((triton_glue, "tensor_from_numpy"), (triton_glue, "tensor_to_numpy"),
-                         (pipeline, "decode_to_batch"), (pipeline, "softmax"), (pipeline, "top_k")):
-        setattr(module, name, _stamped(getattr(module, name), name))
-    onnx_classifier.OnnxClassifier.run = _stamped(onnx_classifier.OnnxClassifier.run, "onnxruntime")
+    stages.listen(lambda name, edge: _stamp(f"{name} {edge}"))
 
 
 def traced(model_class: type) -> type:

@@ -36,9 +36,10 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.client import ClassifyClient
-from bls_pipeline.config import PipelineConfig, parse_pipeline_config
 from bls_pipeline.contract import BLS_MODEL, NUM_CLASSES
-from bls_pipeline.repository import parse_config, string_parameters
+from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.runtime.settings import RuntimeSettings, parse_settings
+from bls_pipeline.runtime.loader import load_flow
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +111,7 @@ class RawCase:
     error: str
 
 
-def _invalid_cases(limits: PipelineConfig) -> dict[str, ImageCase]:
+def _invalid_cases(limits: RuntimeSettings) -> dict[str, ImageCase]:
     truncated = _encode(Image.effect_noise((300, 200), 64).convert("RGB"), "JPEG")
     bad_crc = bytearray(_encode(_scene(1, 16, 16), "PNG"))
     bad_crc[29] ^= 0xFF  # the IHDR chunk's CRC; the signature is intact
@@ -322,9 +323,11 @@ def _assert_like(result, case: ImageCase, reference) -> None:
 # ---- fixtures ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def limits(server) -> PipelineConfig:
+def limits(server) -> RuntimeSettings:
     """classify_bls's effective settings, read from the config.pbtxt the server loaded."""
-    return parse_pipeline_config(string_parameters(parse_config(Path(server.options.model_repository) / BLS_MODEL)))
+    model_dir = Path(server.options.model_repository) / BLS_MODEL
+    runtime, _ = parse_settings(string_parameters(parse_config(model_dir)), load_flow(model_dir / "1" / "flow.py").settings, BLS_MODEL)
+    return runtime
 
 
 @pytest.fixture(scope="module")

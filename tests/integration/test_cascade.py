@@ -37,7 +37,8 @@ def test_strict_threshold_escalates_only_the_unsure_images(server, sample_images
 
 
 def test_degraded_route_without_resnet50(model_repo, tmp_path, server_factory, sample_images):
-    srv = server_factory(model_repo, tmp_path, models=("classify_bls_cascade_strict", CHEAP))
+    srv = server_factory(model_repo, tmp_path, models=("classify_bls_cascade_strict",),
+                         exclude={MAIN: "this test serves without resnet50"})
     try:
         client = ClassifyClient(srv.http_url, "http", model="classify_bls_cascade_strict")
         out = client.classify([sample_images["coffee"], sample_images["chelsea"]], topk=1)

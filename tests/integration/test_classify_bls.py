@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -11,13 +12,18 @@ from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.client import ClassifyClient
 from bls_pipeline.decode import DecodePolicy, decode
-from bls_pipeline.labels import imagenet_labels
 from bls_pipeline.postprocess import softmax, top_k
 from bls_pipeline.preprocess import PreprocessSpec, preprocess_into
+from bls_pipeline.runtime.children import load_child
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ("http", "grpc")
 RESNET_ONLY = "classify_bls_resnet50"  # classify_bls's code with the cascade off
+
+
+def imagenet_labels() -> tuple[str, ...]:
+    """The label file resnet50_onnx's config.pbtxt names."""
+    return load_child(Path(__file__).resolve().parents[2] / "models", "resnet50_onnx").labels
 
 
 def _client(server, protocol: str, model: str = RESNET_ONLY, **kw) -> ClassifyClient:

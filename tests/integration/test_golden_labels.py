@@ -7,17 +7,19 @@ preprocess_into, with the preprocessing spec read from the classifier's own conf
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from bls_pipeline import contract
-from bls_pipeline.config import load_classifier_info
 from bls_pipeline.decode import DecodePolicy, decode
-from bls_pipeline.labels import imagenet_labels
 from bls_pipeline.postprocess import softmax
 from bls_pipeline.preprocess import PreprocessSpec, preprocess_into
+from bls_pipeline.runtime.children import load_child
 
 pytestmark = pytest.mark.integration
+MODELS = Path(__file__).resolve().parents[2] / "models"
 PROTOCOLS = ("http", "grpc")
 MODEL = "efficientnet_lite0_onnx"
 
@@ -30,7 +32,7 @@ MIN_TOP1 = {"mug": 0.6, "coffee": 0.8, "camera": 0.8}
 
 @pytest.fixture(scope="module")
 def spec(model_repo) -> PreprocessSpec:
-    return load_classifier_info(model_repo, MODEL).preprocess
+    return load_child(model_repo, MODEL).preprocess
 
 
 def _batch(images: list[bytes], spec: PreprocessSpec) -> np.ndarray:
@@ -57,6 +59,11 @@ def _probs(server, protocol: str, batch: np.ndarray) -> np.ndarray:
         client.close()
     assert logits.shape == (len(batch), contract.NUM_CLASSES)
     return softmax(logits)
+
+
+def imagenet_labels() -> tuple[str, ...]:
+    """The label file efficientnet_lite0_onnx's config.pbtxt names."""
+    return load_child(MODELS, MODEL).labels
 
 
 def _assert_golden(name: str, probs: np.ndarray, expected: set[int], floor: float | None) -> None:
@@ -99,7 +106,7 @@ def test_full_size_mug_photo(server, protocol, shared_mug, spec):
 def test_resnet50_normalisation_makes_efficientnet_less_sure(server, sample_images, spec, model_repo):
     """The per-classifier spec matters: resnet50's ImageNet mean/std lowers the right class's
     probability (observed mug 0.86 -> 0.74, coffee 0.95 -> 0.83)."""
-    wrong = load_classifier_info(model_repo, "resnet50_onnx").preprocess
+    wrong = load_child(model_repo, "resnet50_onnx").preprocess
     assert wrong != spec
     names = ["mug", "coffee"]
     images = [sample_images[n] for n in names]

@@ -12,13 +12,16 @@ pytestmark = pytest.mark.integration
 BLS_ORDER = [
     "client send",
     "classify_bls execute start",
-    "classify_bls decode_to_batch start", "classify_bls decode_to_batch end",
-    "classify_bls tensor_from_numpy start", "classify_bls tensor_from_numpy end",
+    "classify_bls decode_preprocess start", "classify_bls decode_preprocess end",
+    "classify_bls flow start", "classify_bls child_calls start",
+    "classify_bls child_inputs start", "classify_bls child_inputs end",
+    "classify_bls child_exec start",
     "resnet50_onnx execute start",
     "resnet50_onnx onnxruntime start", "resnet50_onnx onnxruntime end",
     "resnet50_onnx execute end",
-    "classify_bls tensor_to_numpy start", "classify_bls tensor_to_numpy end",
-    "classify_bls softmax start", "classify_bls softmax end",
+    "classify_bls child_exec end",
+    "classify_bls child_outputs start", "classify_bls child_outputs end",
+    "classify_bls child_calls end", "classify_bls flow end",
     "classify_bls top_k start", "classify_bls top_k end",
     "classify_bls execute end",
     "client receipt",
@@ -42,7 +45,7 @@ def test_both_paths_are_stamped_in_order(model_repo, tmp_path, server_factory):
     assert [a for a, _, _ in bls][0] == "client send" and bls[-1][1] == "client receipt"
     assert all(ms >= 0 for _, _, ms in bls)
     table = stagetrace.report(traces)
-    assert "| classify_bls decode_to_batch start | classify_bls decode_to_batch end |" in table
+    assert "| classify_bls decode_preprocess start | classify_bls decode_preprocess end |" in table
     assert "classify_bls - direct, p50 totals:" in table
 
 

@@ -11,9 +11,11 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
-from bls_pipeline.config import load_classifier_info, parse_pipeline_config
 from bls_pipeline.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
-from bls_pipeline.repository import parse_config, string_parameters
+from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.loader import load_flow
+from bls_pipeline.runtime.modelconfig import config_variant, parse_config, string_parameters
+from bls_pipeline.runtime.settings import parse_settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # Classifiers by weights: the ONNX (CPU) and TensorRT (GPU) model of one set of weights.
@@ -50,9 +52,10 @@ def test_classify_bls_contract():
     _assert_tensors(cfg.input, contract.CLASSIFY_INPUTS)
     _assert_tensors(cfg.output, contract.CLASSIFY_OUTPUTS)
     assert cfg.HasField("dynamic_batching")
-    parsed = parse_pipeline_config(string_parameters(cfg))  # raises on unknown or bad keys
-    for name in parsed.classifiers:
-        assert (MODELS / name / "config.pbtxt").exists(), f"classifiers names {name}, which has no config"
+    flow = load_flow(MODELS / "classify_bls" / "1" / "flow.py")
+    _, parsed = parse_settings(string_parameters(cfg), flow.settings, "classify_bls")  # raises on unknown or bad keys
+    for name in parsed.models():
+        assert (MODELS / name / "config.pbtxt").exists(), f"classify_bls declares {name}, which has no config"
 
 
 @pytest.mark.parametrize("name", CLASSIFIERS)
@@ -60,13 +63,14 @@ def test_classifier_contract(name):
     cfg = parse_config(MODELS / name)
     _assert_tensors(cfg.input, (contract.CLASSIFIER_INPUT,))
     _assert_tensors(cfg.output, (contract.CLASSIFIER_OUTPUT,))
-    info = load_classifier_info(MODELS, name)
+    info = load_child(MODELS, name)
     assert info.preprocess.input_shape == contract.CLASSIFIER_INPUT.dims
+    assert info.is_classifier and len(info.labels) == contract.NUM_CLASSES
 
 
 @pytest.mark.parametrize("weights", sorted(SAME_WEIGHTS))
 def test_classifiers_share_preprocessing_with_the_same_weights(weights):
-    onnx, trt = (load_classifier_info(MODELS, n) for n in SAME_WEIGHTS[weights])
+    onnx, trt = (load_child(MODELS, n) for n in SAME_WEIGHTS[weights])
     assert onnx.preprocess == trt.preprocess
 
 
@@ -92,8 +96,8 @@ def test_onnx_classifiers_share_one_adapter():
 
 def test_classifier_families_have_their_own_preprocessing():
     """Same geometry, different normalisation: the spec is per classifier, not global."""
-    resnet = load_classifier_info(MODELS, "resnet50_onnx").preprocess
-    effnet = load_classifier_info(MODELS, "efficientnet_lite0_onnx").preprocess
+    resnet = load_child(MODELS, "resnet50_onnx").preprocess
+    effnet = load_child(MODELS, "efficientnet_lite0_onnx").preprocess
     assert (effnet.resize, effnet.crop) == (resnet.resize, resnet.crop) == (256, 224)
     assert resnet.mean == IMAGENET_MEAN and resnet.std == IMAGENET_STD
     assert effnet.mean != resnet.mean and effnet.std != resnet.std
@@ -102,7 +106,7 @@ def test_classifier_families_have_their_own_preprocessing():
 
 def test_efficientnet_spec_is_its_training_normalisation():
     """efficientnet_lite0's weights were trained on (x - 127) / 128 of 0-255 pixels."""
-    spec = load_classifier_info(MODELS, "efficientnet_lite0_onnx").preprocess
+    spec = load_child(MODELS, "efficientnet_lite0_onnx").preprocess
     for value in (0, 64, 127, 128, 200, 255):
         out = np.empty(spec.input_shape, np.float32)
         preprocess_into(Image.new("RGB", (300, 260), (value,) * 3), spec, out)
@@ -117,7 +121,7 @@ def test_imagenet_normalisation_gives_efficientnet_a_different_input():
     inputs = {}
     for name in ("efficientnet_lite0_onnx", "resnet50_onnx"):
         inputs[name] = np.empty(contract.CLASSIFIER_INPUT.dims, np.float32)
-        preprocess_into(img, load_classifier_info(MODELS, name).preprocess, inputs[name])
+        preprocess_into(img, load_child(MODELS, name).preprocess, inputs[name])
     right, wrong = inputs["efficientnet_lite0_onnx"], inputs["resnet50_onnx"]
     assert right.min() >= -1.0 and right.max() <= 1.0
     assert wrong.min() < -1.5 and wrong.max() > 1.5
@@ -138,7 +142,6 @@ def test_ensemble_baseline_contract():
 
 
 def test_config_variant_renames_and_sets_parameters():
-    from bls_pipeline.repository import config_variant
     from google.protobuf import text_format
 
     text = config_variant(MODELS / "classify_bls", "classify_bls_x", {"tta_threshold": "0.9", "route_recheck_s": "1"})
@@ -146,15 +149,4 @@ def test_config_variant_renames_and_sets_parameters():
     params = string_parameters(cfg)
     assert cfg.name == "classify_bls_x" and params["tta_threshold"] == "0.9" and params["route_recheck_s"] == "1"
     assert params["classifiers"] == string_parameters(parse_config(MODELS / "classify_bls"))["classifiers"]
-    parse_pipeline_config(params)  # still a valid classify_bls config
-
-
-def test_called_models_are_the_ensemble_steps_and_classify_bls_classifiers():
-    """What bls-serve unloads last when it drains: everything another model calls."""
-    from bls_pipeline.repository import called_models
-
-    configs = {name: parse_config(MODELS / name) for name in ("classify_bls", "ensemble_resnet50", "resnet50_onnx")}
-    assert called_models(configs) == {"resnet50_trt", "resnet50_onnx", "efficientnet_lite0_trt", "efficientnet_lite0_onnx",
-                                      "ensemble_preprocess", "ensemble_postprocess"}
-    configs["classify_bls"].parameters["cascade_classifiers"].string_value = " None "  # the cascade off
-    assert "efficientnet_lite0_onnx" not in called_models(configs)
+    parse_settings(params, load_flow(MODELS / "classify_bls" / "1" / "flow.py").settings, "classify_bls_x")  # still valid

@@ -1,22 +1,30 @@
-"""Pipeline.run over a plain-Python classifier: batching, per-request errors, branches, failover."""
+"""classify_bls's flow (models/classify_bls/1/flow.py) run in process by LocalFlow over a
+plain-Python classifier: batching, per-request errors, branches, failover."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import shutil
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.config import PipelineConfig, classifier_info
 from bls_pipeline.decode import decode
-from bls_pipeline.labels import imagenet_labels
-from bls_pipeline.pipeline import ChildCallError, ImageRequest, Pipeline, Prediction, RequestError
+from bls_pipeline.flow import LocalFlow
 from bls_pipeline.postprocess import softmax
 from bls_pipeline.preprocess import preprocess_into
+from bls_pipeline.runtime.batch import ChildCallError
+from bls_pipeline.runtime.children import child_model
+from bls_pipeline.runtime.engine import ImageRequest, Prediction, RequestError
+from bls_pipeline.runtime.modelconfig import ModelConfig
+from bls_pipeline.runtime.settings import RuntimeSettings
 
-LABELS = list(imagenet_labels())
+MODELS = Path(__file__).resolve().parents[2] / "models"
+LABELS = (MODELS / "resnet50_onnx" / "labels.txt").read_text().splitlines()
 PRIMARY, SECONDARY = "cls_a", "cls_b"
 CHEAP = "cheap"  # the cascade's first stage, with its own normalisation
 CHEAP_SPEC = {"preprocess_mean": "0.498,0.498,0.498", "preprocess_std": "0.502,0.502,0.502"}
@@ -32,7 +40,7 @@ def logits_for(batch: np.ndarray) -> np.ndarray:
 
 
 class Classifier:
-    """The `infer` callable: records every child call; can fail one model and take it down."""
+    """The child models: records every child call; can fail one model and take it down."""
 
     def __init__(self, ready: set[str], fail: dict[str, bool] | None = None, logits=logits_for):
         self.ready = ready
@@ -69,17 +77,72 @@ def png(colour, size=(48, 32)) -> bytes:
 IMAGES = [png(c) for c in COLOURS]
 
 
+def _classifier_config(name: str, max_batch: int, params: dict[str, str]) -> str:
+    side = int(params.get("preprocess_crop", "224"))
+    lines = "\n".join(f'parameters {{ key: "{k}", value: {{ string_value: "{v}" }} }}' for k, v in params.items())
+    return textwrap.dedent(f"""\
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch}
+        input [ {{ name: "input", data_type: TYPE_FP32, dims: [ 3, {side}, {side} ] }} ]
+        output [ {{ name: "output", data_type: TYPE_FP32, dims: [ {len(LABELS)} ], label_filename: "labels.txt" }} ]
+        """) + lines + "\n"
+
+
+def classifier_info(name: str, max_batch: int, params: dict[str, str]):
+    """What the runtime reads from such a classifier's config.pbtxt (its preprocessing)."""
+    from google.protobuf import text_format
+
+    config = text_format.Parse(_classifier_config(name, max_batch, params), ModelConfig())
+    config.output[0].label_filename = ""  # no folder here: the preprocessing is what matters
+    return child_model(name, config)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """classify_bls's settings, as the tests set them (written to its config.pbtxt as strings)."""
+
+    classifiers: tuple[str, ...] = ("resnet50_trt", "resnet50_onnx")
+    cascade_classifiers: tuple[str, ...] = ("efficientnet_lite0_trt", "efficientnet_lite0_onnx")
+    cascade_threshold: float = 0.5
+    tta_threshold: float = 0.25
+    default_topk: int = RuntimeSettings.default_topk
+    max_request_bytes: int = RuntimeSettings.max_request_bytes
+
+    def parameters(self) -> dict[str, str]:
+        return {f.name: ",".join(v) if isinstance(v, tuple) else str(v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]} | {
+            "cascade_classifiers": ",".join(self.cascade_classifiers) or "none"}
+
+
+class Pipeline:
+    """classify_bls in process, its children the test's Classifier (`run` keeps the old call shape)."""
+
+    def __init__(self, repo: Path, classifier: Classifier, config: PipelineConfig):
+        models = {m: (lambda batch, m=m: classifier(m, batch)) for m in (PRIMARY, SECONDARY, CHEAP)}
+        self.flow = LocalFlow(repo / "classify_bls", models, ready=classifier.is_ready, parameters=config.parameters())
+
+    def run(self, requests, _classifier=None):
+        return self.flow.run(requests)
+
+    def close(self) -> None:
+        self.flow.close()
+
+
 @pytest.fixture
-def make_pipeline():
+def make_pipeline(tmp_path):
     made: list[Pipeline] = []
 
     def make(classifier: Classifier, *, max_batch: int = 64, secondary_info=None, **overrides) -> Pipeline:
+        repo = tmp_path / f"models{len(made)}"
+        shutil.copytree(MODELS / "classify_bls", repo / "classify_bls")
+        for name, params in ((PRIMARY, {}), (SECONDARY, secondary_info or {}), (CHEAP, CHEAP_SPEC)):
+            (repo / name).mkdir()
+            (repo / name / "config.pbtxt").write_text(_classifier_config(name, max_batch, params))
+            shutil.copy(MODELS / "resnet50_onnx" / "labels.txt", repo / name / "labels.txt")
         config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0, cascade_classifiers=()),
                                      **overrides)
-        infos = {PRIMARY: classifier_info(PRIMARY, max_batch, {}),
-                 SECONDARY: secondary_info or classifier_info(SECONDARY, max_batch, {}),
-                 CHEAP: classifier_info(CHEAP, max_batch, CHEAP_SPEC)}
-        pipeline = Pipeline(config, infos, LABELS, is_ready=classifier.is_ready)
+        pipeline = Pipeline(repo, classifier, config)
         made.append(pipeline)
         return pipeline
 
@@ -228,7 +291,7 @@ def test_flip_branch_is_chunked_too(make_pipeline):
 
 def test_failover_to_the_next_ready_classifier(make_pipeline):
     classifier = Classifier({PRIMARY, SECONDARY}, fail={PRIMARY: True})  # cls_a fails and unloads
-    secondary = classifier_info(SECONDARY, 64, {"preprocess_resize": "160", "preprocess_crop": "128"})
+    secondary = {"preprocess_resize": "160", "preprocess_crop": "128"}
     pipeline = make_pipeline(classifier, secondary_info=secondary)
     requests = [ImageRequest(IMAGES[0:2]), ImageRequest([IMAGES[2], b"junk"]), ImageRequest(IMAGES[3:4], topk=2)]
     results, timings = pipeline.run(requests, classifier)

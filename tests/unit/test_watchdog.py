@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as tc
 
-from bls_pipeline.repository import parse_config
+from bls_pipeline.runtime.modelconfig import parse_config
 from bls_pipeline.watchdog import _probe_inputs, dead_stub_model
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

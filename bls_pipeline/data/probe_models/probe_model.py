@@ -7,8 +7,8 @@ folder; the config parameter `role` says which hop it plays:
                 asleep (hold_mode "sleep"), or reading 128 MB, as a CPU classifier streams
                 its weights through the caches (hold_mode "stream")
     stub        IMAGE in -> zero logits out: a python model answering the client, nothing else
-    bls         IMAGE in -> zero batch -> ONE child call to probe_classifier with
-                classify_bls's own child-call code (triton_glue.infer_child) -> its logits out
+    bls         IMAGE in -> zero batch -> ONE child call to probe_classifier with every
+                flow model's own child-call code (adapter.transport) -> its logits out
     prep        IMAGE in -> zero batch out: the ensemble's first step (probe_ensemble)
 """
 
@@ -17,9 +17,10 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bls_pipeline.adapter.glue import freeze_startup_objects, model_parameters
+from bls_pipeline.adapter.transport import TritonTransport
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, NUM_CLASSES
-from bls_pipeline.pipeline import ChildCallError
-from bls_pipeline.triton_glue import freeze_startup_objects, infer_child, model_parameters
+from bls_pipeline.runtime.batch import ChildCallError, ChildRequest
 
 CHILD = "probe_classifier"
 
@@ -32,6 +33,7 @@ class TritonPythonModel:
         # hold_mode "stream": 128 MB read one float per 64-byte cache line, in 2 MB parts
         self.parts = (np.array_split(np.ones(32_000_000, np.float32)[::16], 64)
                       if params.get("hold_mode") == "stream" else None)
+        self.transport = TritonTransport(pb_utils)
         freeze_startup_objects()  # as classify_bls does
 
     def execute(self, requests):
@@ -60,11 +62,10 @@ class TritonPythonModel:
         batch = np.zeros((n, *CLASSIFIER_INPUT.dims), np.float32)
         if self.role == "prep":
             return _response(CLASSIFIER_INPUT.name, batch)
-        try:
-            logits = infer_child(pb_utils, CHILD, CLASSIFIER_INPUT.name, CLASSIFIER_OUTPUT.name, batch)
-        except ChildCallError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-        return _response(CLASSIFIER_OUTPUT.name, logits)
+        (reply,) = self.transport.send([ChildRequest(CHILD, {CLASSIFIER_INPUT.name: batch}, (CLASSIFIER_OUTPUT.name,))])
+        if isinstance(reply, ChildCallError):
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(reply)))
+        return _response(CLASSIFIER_OUTPUT.name, reply[CLASSIFIER_OUTPUT.name])
 
 
 def _response(name, array):

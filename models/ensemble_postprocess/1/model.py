@@ -1,23 +1,28 @@
-"""Baseline ensemble, step 3: softmax + top-k, the same function classify_bls uses."""
+"""Baseline ensemble, step 3: softmax + top-k with the classifier's labels, the same
+functions a flow model's answers go through."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bls_pipeline import contract
-from bls_pipeline.labels import imagenet_labels
+from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_to_numpy
 from bls_pipeline.postprocess import softmax, top_k
-from bls_pipeline.triton_glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_to_numpy
+from bls_pipeline.runtime.children import load_child
 
 
 class TritonPythonModel:
     def initialize(self, args):
         bridge_logging(pb_utils)
-        self.k = int(model_parameters(args)["default_topk"])
-        self.labels = list(imagenet_labels())
+        params = model_parameters(args)
+        self.k = int(params["default_topk"])
+        self.labels = load_child(Path(args["model_repository"]).parent, params["classifier"]).labels
+        self.input = json.loads(args["model_config"])["input"][0]["name"]
         freeze_startup_objects()
 
     def execute(self, requests):
-        logits = [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, contract.CLASSIFIER_OUTPUT.name)) for r in requests]
+        logits = [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, self.input)) for r in requests]
         sizes = [len(x) for x in logits]
         top = top_k(softmax(np.concatenate(logits)), self.k, self.labels)
         responses, start = [], 0
@@ -25,8 +30,8 @@ class TritonPythonModel:
             rows = slice(start, start + n)
             start += n
             responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(contract.LABELS.name, top.labels[rows]),
-                pb_utils.Tensor(contract.SCORES.name, top.scores[rows]),
-                pb_utils.Tensor(contract.CLASS_IDS.name, top.class_ids[rows]),
+                pb_utils.Tensor("LABELS", top.labels[rows]),
+                pb_utils.Tensor("SCORES", top.scores[rows]),
+                pb_utils.Tensor("CLASS_IDS", top.class_ids[rows]),
             ]))
         return responses

@@ -1,28 +1,30 @@
 """Baseline ensemble, step 1: bls_pipeline's decode + preprocess, one batch per execute()."""
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from bls_pipeline import contract
+from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy
 from bls_pipeline.batching import decode_to_batch
-from bls_pipeline.config import load_classifier_info
 from bls_pipeline.decode import DecodePolicy
-from bls_pipeline.triton_glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy
+from bls_pipeline.runtime.children import load_child
 
 
 class TritonPythonModel:
     def initialize(self, args):
         bridge_logging(pb_utils)
-        classifier = model_parameters(args)["classifier"]
-        self.spec = load_classifier_info(Path(args["model_repository"]).parent, classifier).preprocess
+        classifier = load_child(Path(args["model_repository"]).parent, model_parameters(args)["classifier"])
+        self.spec = classifier.preprocess
+        config = json.loads(args["model_config"])
+        self.image, self.output = config["input"][0]["name"], config["output"][0]["name"]
         self.policy = DecodePolicy()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="decode")
         freeze_startup_objects()
 
     def execute(self, requests):
-        images = [list(pb_utils.get_input_tensor_by_name(r, contract.IMAGE.name).as_numpy().reshape(-1)) for r in requests]
+        images = [list(pb_utils.get_input_tensor_by_name(r, self.image).as_numpy().reshape(-1)) for r in requests]
         decoded = decode_to_batch(images, self.policy, self.spec, self.pool)
         responses = []
         for r in range(len(requests)):
@@ -31,7 +33,7 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)))
             else:
                 rows = decoded.batch[decoded.owners == r]
-                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor_from_numpy(pb_utils, contract.CLASSIFIER_INPUT.name, rows)]))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor_from_numpy(pb_utils, self.output, rows)]))
         return responses
 
     def finalize(self):

@@ -1,11 +1,10 @@
-"""ClassifierChooser and the low-confidence branch: which model answers, which rows get a second look."""
+"""CandidateChooser: which model of an ordered list answers, and when it looks again."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from bls_pipeline.routing import ClassifierChooser, low_confidence, route_label
+from bls_pipeline.runtime.routing import CandidateChooser
 
 PREFERENCE = ("trt", "onnx", "cpu")
 
@@ -26,8 +25,8 @@ class Server:
         return self.now
 
 
-def _chooser(server: Server, recheck_s: float = 5.0) -> ClassifierChooser:
-    return ClassifierChooser(PREFERENCE, server.is_ready, recheck_s, clock=server.clock)
+def _chooser(server: Server, recheck_s: float = 5.0) -> CandidateChooser:
+    return CandidateChooser(PREFERENCE, server.is_ready, recheck_s, clock=server.clock)
 
 
 @pytest.mark.parametrize(
@@ -81,26 +80,6 @@ def test_none_ready_returns_none_and_looks_again_next_time():
     assert chooser.choose() == "cpu"  # "none" is not cached for recheck_s
 
 
-def test_needs_at_least_one_classifier():
+def test_needs_at_least_one_model():
     with pytest.raises(ValueError, match="at least one"):
-        ClassifierChooser((), lambda m: True, 1.0)
-
-
-def test_route_label():
-    assert route_label("resnet50_trt", "flip_tta") == "resnet50_trt:flip_tta"
-
-
-PROBS = np.array([[0.9, 0.1], [0.5, 0.5], [0.2, 0.8], [0.55, 0.45]])
-
-
-def test_low_confidence_marks_rows_under_threshold():
-    assert low_confidence(PROBS, 0.6).tolist() == [False, True, False, True]
-    assert low_confidence(PROBS, 0.5).tolist() == [False, False, False, False]  # strictly under
-    assert low_confidence(PROBS, 1.0).tolist() == [True, True, True, True]
-
-
-@pytest.mark.parametrize("threshold", [0.0, -1.0])
-def test_low_confidence_threshold_zero_disables(threshold):
-    mask = low_confidence(np.full((3, 4), 0.25), threshold)
-    assert mask.dtype == bool
-    assert mask.tolist() == [False, False, False]
+        CandidateChooser((), lambda m: True, 1.0)

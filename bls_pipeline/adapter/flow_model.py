@@ -1,0 +1,79 @@
+"""The Triton model behind every flow folder: pb_utils in and out, the flow runtime in between.
+
+models/<name>/1/model.py is the same three lines everywhere:
+
+    import triton_python_backend_utils as pb_utils
+    from bls_pipeline.adapter import flow_model
+    TritonPythonModel = flow_model(pb_utils)
+
+All requests of one execute() go through the flow together (one batched child request
+per call); a bad image or a failed flow fails only the requests it touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+from ..runtime.engine import FlowRuntime, ImageRequest, Prediction
+from .glue import bridge_logging, freeze_startup_objects, instance_count, model_parameters
+from .metrics import FlowMetrics
+from .transport import TritonTransport
+
+__all__ = ["flow_model"]
+
+_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)
+# Why a request failed -> the Triton error code its client sees.
+_UNAVAILABLE_REASONS = {"classifier"}
+_INTERNAL_REASONS = {"flow", "internal"}
+
+
+def flow_model(pb_utils: Any) -> type:
+    """The TritonPythonModel class of a flow model, bound to this stub's pb_utils."""
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            bridge_logging(pb_utils)
+            model_dir = Path(args["model_repository"])
+            self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
+                                            version=args["model_version"], instances=instance_count(args),
+                                            name=args["model_name"])
+            self.transport = TritonTransport(pb_utils)
+            self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
+            freeze_startup_objects()
+
+        def execute(self, requests):
+            inputs = [_read(pb_utils, r) for r in requests]
+            results, timings = self.runtime.run(inputs, self.transport.send)
+            self.metrics.record(timings)
+            responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
+            assert len(responses) == len(requests), "one response per request"
+            return responses
+
+        def finalize(self):
+            self.metrics.flush()
+            self.runtime.close()
+            self.transport.close()
+
+    return TritonPythonModel
+
+
+def _read(pb_utils: Any, request: Any) -> ImageRequest:
+    image = pb_utils.get_input_tensor_by_name(request, IMAGE.name)
+    topk = pb_utils.get_input_tensor_by_name(request, TOPK.name)
+    return ImageRequest(
+        images=[] if image is None else list(image.as_numpy().reshape(-1)),  # none: the runtime says so
+        topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
+    )
+
+
+def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
+    """Only the outputs the client asked for (Triton lists all of them when it named none)."""
+    if not isinstance(result, Prediction):
+        error = pb_utils.TritonError
+        code = (error.UNAVAILABLE if result.reason in _UNAVAILABLE_REASONS
+                else error.INTERNAL if result.reason in _INTERNAL_REASONS else error.INVALID_ARG)
+        return pb_utils.InferenceResponse(error=error(result.message, code))
+    values = (result.labels, result.scores, result.class_ids, result.routes)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(o.name, v) for o, v in zip(_OUTPUTS, values) if o.name in wanted])

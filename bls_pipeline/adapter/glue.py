@@ -1,0 +1,95 @@
+"""The small helpers every model.py shares to talk to the python backend.
+
+`pb_utils` (triton_python_backend_utils) exists only inside the Triton python stub, so it
+is passed in rather than imported: this package imports cleanly anywhere, and nothing
+here pretends to be pb_utils.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "model_parameters", "tensor_from_numpy",
+           "tensor_to_numpy"]
+
+
+class _TritonLogHandler(logging.Handler):
+    def __init__(self, pb_logger: Any):
+        super().__init__()
+        self._pb = pb_logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = self.format(record)
+        if record.levelno >= logging.ERROR:
+            self._pb.log_error(msg)
+        elif record.levelno >= logging.WARNING:
+            self._pb.log_warn(msg)
+        elif record.levelno >= logging.INFO:
+            self._pb.log_info(msg)
+        else:
+            self._pb.log_verbose(msg)
+
+
+def bridge_logging(pb_utils: Any, level: int = logging.INFO) -> None:
+    """Send the bls_pipeline loggers to Triton's log (once per stub process)."""
+    root = logging.getLogger("bls_pipeline")
+    if not any(isinstance(h, _TritonLogHandler) for h in root.handlers):
+        handler = _TritonLogHandler(pb_utils.Logger)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(level)
+        root.propagate = False
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """config.pbtxt `parameters` as a plain {key: string_value} dict."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def instance_count(args: dict) -> int:
+    """How many instances of this model the config asks for (all groups together)."""
+    groups = json.loads(args["model_config"]).get("instance_group", [])
+    return sum(int(g.get("count", 1)) for g in groups) or 1
+
+
+def tensor_from_numpy(pb_utils: Any, name: str, array: np.ndarray) -> Any:
+    """numpy -> pb_utils.Tensor through DLPack (torch.from_numpy shares the buffer). Not
+    numpy's own DLPack: the python backend renames the capsule it consumes in a way
+    numpy 1.x's capsule destructor rejects, which took the stub down when tried here.
+    Strings (object arrays) have no DLPack form: they go in as they are."""
+    if array.dtype == object:
+        return pb_utils.Tensor(name, array)
+    import torch
+
+    from torch.utils.dlpack import to_dlpack
+
+    return pb_utils.Tensor.from_dlpack(name, to_dlpack(torch.from_numpy(np.ascontiguousarray(array))))
+
+
+def tensor_to_numpy(tensor: Any) -> np.ndarray:
+    """pb_utils.Tensor -> numpy: for a CPU tensor, the array the python backend already built
+    over its shared memory (a view, no copy; strings included); CUDA tensors go through
+    torch's DLPack and are copied to host."""
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    from torch.utils.dlpack import from_dlpack
+
+    return from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+
+def freeze_startup_objects() -> None:
+    """Call at the end of initialize(): move everything imported so far (torch's millions
+    of objects) out of the garbage collector's reach. Without it, the full collections
+    that tensor/capsule allocations trigger walk all of them: measured here as ~11 ms
+    added to every classify_bls execute() on average."""
+    import gc
+
+    import torch  # noqa: F401 - the DLPack glue imports it at the first request anyway: freeze it too
+
+    gc.collect()
+    gc.freeze()

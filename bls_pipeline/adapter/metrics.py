@@ -1,0 +1,71 @@
+"""A flow model's own metrics on Triton's /metrics endpoint (pb_utils.MetricFamily).
+
+    bls_images_total{route}              images answered, by ROUTE
+    bls_rejected_images_total{reason}    images in failed requests, by reason
+    bls_stage_seconds_total{stage}       seconds in decode_preprocess and classify (the flow)
+    bls_executions_total                 execute() calls (mean stage latency = seconds / executions)
+    bls_child_calls_total{child}         child requests sent, by child model
+    bls_child_images_total{child}        images in them
+    bls_child_seconds_total{child}       seconds waiting for them (concurrent calls overlap)
+
+Every series also carries model and instance labels (one series per model instance).
+Each Metric.increment is a round trip to the Triton process, so counts accumulate here
+and go out at most every `flush_s` (and at finalize): the endpoint lags by up to that
+much, and execute() stays ~2 ms faster at concurrency 1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["FlowMetrics"]
+
+_FAMILIES = {
+    "images": ("bls_images_total", "Images answered by the flow model, by route"),
+    "rejected": ("bls_rejected_images_total", "Images in rejected requests, by reason"),
+    "seconds": ("bls_stage_seconds_total", "Seconds spent per stage"),
+    "executions": ("bls_executions_total", "execute() calls of the flow model"),
+    "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
+    "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
+    "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
+}
+
+
+class FlowMetrics:
+    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.5):
+        family = pb_utils.MetricFamily
+        self._labels = {"model": model, "instance": instance}
+        self._families = {key: family(name=name, description=text, kind=family.COUNTER) for key, (name, text) in _FAMILIES.items()}
+        self._metrics: dict[tuple, Any] = {}
+        self._pending: dict[tuple, float] = {}
+        self._flush_s = flush_s
+        self._flushed_at = time.monotonic()
+
+    def _add(self, family: str, value: float, **labels: str) -> None:
+        key = (family, *sorted(labels.items()))
+        self._pending[key] = self._pending.get(key, 0.0) + value
+
+    def record(self, timings: Any) -> None:
+        self._add("executions", 1)
+        self._add("seconds", timings.decode_preprocess, stage="decode_preprocess")
+        self._add("seconds", timings.classify, stage="classify")
+        for route, n in timings.routes.items():
+            self._add("images", n, route=route)
+        for reason, n in timings.rejected.items():
+            self._add("rejected", n, reason=reason)
+        for child, stats in timings.children.items():
+            self._add("child_calls", stats.calls, child=child)
+            self._add("child_images", stats.images, child=child)
+            self._add("child_seconds", stats.seconds, child=child)
+        if time.monotonic() - self._flushed_at >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        for key, value in self._pending.items():
+            if key not in self._metrics:
+                family, *labels = key
+                self._metrics[key] = self._families[family].Metric(labels={**self._labels, **dict(labels)})
+            self._metrics[key].increment(value)
+        self._pending.clear()
+        self._flushed_at = time.monotonic()

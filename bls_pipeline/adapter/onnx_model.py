@@ -1,0 +1,54 @@
+"""The Triton model behind every *_onnx folder: one onnxruntime run per execute() batch.
+
+    import triton_python_backend_utils as pb_utils
+    from bls_pipeline.adapter import onnx_model
+    TritonPythonModel = onnx_model(pb_utils)
+
+The ONNX file is the `artifact` parameter's, in the version folder; tensor names come
+from the model's own config.pbtxt and are checked against the file at load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..runtime import stages
+from ..runtime.onnx import OnnxModel
+from .glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
+
+__all__ = ["onnx_model"]
+
+
+def onnx_model(pb_utils: Any) -> type:
+    class TritonPythonModel:
+        def initialize(self, args):
+            bridge_logging(pb_utils)
+            params = model_parameters(args)
+            config = json.loads(args["model_config"])
+            self.inputs = [t["name"] for t in config["input"]]
+            self.outputs = [t["name"] for t in config["output"]]
+            self.model = OnnxModel(
+                Path(args["model_repository"]) / args["model_version"] / params["artifact"], self.inputs, self.outputs,
+                intra_op_threads=int(params.get("intra_op_threads", "0")),
+                allow_spinning=params.get("allow_spinning", "0") == "1",
+            )
+            freeze_startup_objects()
+
+        def execute(self, requests):
+            feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests] for name in self.inputs}
+            sizes = [len(a) for a in feeds[self.inputs[0]]]
+            with stages.stage("onnxruntime"):
+                outputs = self.model.run({name: parts[0] if len(parts) == 1 else np.concatenate(parts) for name, parts in feeds.items()})
+            assert all(len(v) == sum(sizes) for v in outputs.values()), "output batch must equal the summed input batch"
+            responses, start = [], 0
+            for n in sizes:
+                tensors = [tensor_from_numpy(pb_utils, name, outputs[name][start:start + n]) for name in self.outputs]
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+                start += n
+            return responses
+
+    return TritonPythonModel

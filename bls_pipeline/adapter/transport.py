@@ -1,0 +1,72 @@
+"""Child calls through the python backend: the one place a flow's requests meet pb_utils.
+
+One request goes out with `exec()`; several (a flow's `together`, or one call chunked at
+the child's max_batch_size) go out with `async_exec()` and are awaited together on this
+model instance's own event loop, so they are in flight at the same time. Inputs cross as
+DLPack tensors; a failed call comes back as a ChildCallError with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from ..runtime import stages
+from ..runtime.batch import ChildCallError, ChildRequest
+from .glue import tensor_from_numpy, tensor_to_numpy
+
+__all__ = ["TritonTransport"]
+
+
+class TritonTransport:
+    def __init__(self, pb_utils: Any):
+        self._pb = pb_utils
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def send(self, requests: Sequence[ChildRequest]) -> list:
+        with stages.stage("child_inputs"):
+            built = [self._request(r) for r in requests]
+        with stages.stage("child_exec"):
+            if len(built) == 1:
+                responses = [self._exec(built[0])]
+            else:
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                responses = self._loop.run_until_complete(self._exec_together(built))
+        with stages.stage("child_outputs"):
+            return [self._outputs(resp, req) for resp, req in zip(responses, requests)]
+
+    def _request(self, req: ChildRequest) -> Any:
+        inputs = [tensor_from_numpy(self._pb, name, array) for name, array in req.inputs.items()]
+        return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs)
+
+    @staticmethod
+    def _exec(request: Any) -> Any:
+        try:
+            return request.exec()
+        except Exception as exc:  # noqa: BLE001 - e.g. pb_utils.TritonModelException: a failed call
+            return ChildCallError(str(exc) or type(exc).__name__)
+
+    @staticmethod
+    async def _exec_together(requests: list) -> list:
+        # async_exec runs each exec() in the loop's executor: all are in flight at once.
+        outcomes = await asyncio.gather(*(r.async_exec() for r in requests), return_exceptions=True)
+        return [ChildCallError(str(o) or type(o).__name__) if isinstance(o, BaseException) else o for o in outcomes]
+
+    def _outputs(self, response: Any, req: ChildRequest):
+        if isinstance(response, ChildCallError):
+            return response
+        if response.has_error():
+            return ChildCallError(response.error().message())
+        out = {}
+        for name in req.outputs:
+            tensor = self._pb.get_output_tensor_by_name(response, name)
+            if tensor is None:
+                return ChildCallError(f"{req.model} returned no {name} output")
+            out[name] = tensor_to_numpy(tensor).copy()  # own it: the response's buffer goes away
+        return out

@@ -1,0 +1,56 @@
+"""The flow API: write a model's conditional multi-model logic as one Python function.
+
+A flow model is a folder in the model repository:
+
+    models/<name>/config.pbtxt    IMAGE (+ TOPK) in; LABELS, SCORES, CLASS_IDS, ROUTE out;
+                                  backend "python"; its settings as `parameters`
+    models/<name>/1/model.py      the same three lines in every flow folder
+    models/<name>/1/flow.py       the logic:
+
+        import numpy as np
+        from bls_pipeline.flow import Batch, Candidates, Settings
+
+        class CatSettings(Settings):
+            cheap: Candidates = "efficientnet_lite0_trt,efficientnet_lite0_onnx"
+            expert: Candidates = "resnet50_trt,resnet50_onnx"
+            cats: str = "281,282,283,284,285"
+
+        def flow(batch: Batch, settings: CatSettings):
+            answer = batch.answer()
+            first = batch.classify(settings.cheap)                  # every image, one call
+            answer.set(first, "first_look")
+            cats = np.isin(first.top1_class, [int(c) for c in settings.cats.split(",")])
+            second = batch.classify(settings.expert, rows=cats)     # the cats only, one call
+            if second is not None:
+                answer.set(second, "second_opinion")
+            return answer
+
+The flow gets every image of every request in one execute() as the rows of `batch`.
+`batch.classify` and `batch.infer` call a model (the first READY of a Candidates list) on
+all rows or a selection, as one batched child request; `batch.together` runs several
+calls concurrently. The runtime does the rest: decoding and per-image errors, each
+model's own preprocessing (from its config.pbtxt), DLPack, chunking at max_batch_size,
+rerouting around a model that went away, top-k and labels, metrics.
+
+`LocalFlow` runs the same folder in-process, for tests. docs/extending.md is the guide.
+"""
+
+from .runtime.batch import Answer, Batch, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
+from .runtime.local import LocalFlow, RequestFailed
+from .runtime.settings import Candidates, Probability, Settings
+
+__all__ = [
+    "Answer",
+    "Batch",
+    "Candidates",
+    "Classify",
+    "FlowError",
+    "Infer",
+    "LocalFlow",
+    "NoModelReady",
+    "Outputs",
+    "Probability",
+    "RequestFailed",
+    "Scores",
+    "Settings",
+]

@@ -1,0 +1,331 @@
+"""The flow runtime: requests in, one flow call per execute(), per-request answers out.
+
+    check each request (empty, too large, TOPK) ─> decode + preprocess every image once
+    (thread pool; a bad image fails its own request) ─> flow(batch, settings) ─> top-k per
+    request, ROUTE per image; what went wrong fails only the requests it touched
+
+Pure Python over an injected `send` (runtime/batch.py): the Triton adapter makes it
+pb_utils.InferenceRequest calls, LocalFlow (runtime/local.py) runs models in process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..batching import decode_to_batch, preprocess_batch
+from ..postprocess import top_k
+from ..preprocess import PreprocessSpec, renormalize
+from . import stages
+from .batch import Answer, Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
+from .children import ChildModel, load_child
+from .loader import FlowDefinition, load_flow
+from .routing import CandidateChooser
+from .settings import Candidates, ConfigError, RuntimeSettings, Settings, parse_settings
+
+__all__ = ["FlowRuntime", "ImageRequest", "Prediction", "RequestError", "Timings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One client request: its encoded images and its optional TOPK."""
+
+    images: Sequence[bytes]
+    # TOPK as sent: one value per image (a batched input), all equal; or None for the default
+    topk: int | tuple[int, ...] | None = None
+
+    @property
+    def k(self) -> int | None:
+        if self.topk is None or isinstance(self.topk, int):
+            return self.topk
+        return self.topk[0] if self.topk else None
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why one request failed; `message` is safe to send to the client."""
+
+    message: str
+    # short tag for metrics: decode reasons, "bad_request", "too_large", "classifier" (no
+    # model could answer: UNAVAILABLE), "flow" (the flow itself failed: INTERNAL)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    labels: np.ndarray  # (n, k) object (bytes "score:index:label"; b"" for a row that ended early)
+    scores: np.ndarray  # (n, k) float32
+    class_ids: np.ndarray  # (n, k) int32
+    routes: np.ndarray  # (n, 1) object (bytes "model:branch", or the flow's own ROUTE)
+
+
+@dataclass
+class ChildStats:
+    calls: int = 0
+    images: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Timings:
+    """What one run did: seconds per stage, images per route, rejections per reason, calls per child."""
+
+    decode_preprocess: float = 0.0
+    classify: float = 0.0  # the flow: its child calls and its own logic
+    routes: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    children: dict[str, ChildStats] = field(default_factory=dict)
+
+    def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+class FlowRuntime:
+    """One flow model's runtime: its flow, settings and child models, loaded once."""
+
+    def __init__(self, name: str, flow: FlowDefinition, settings: Settings, runtime: RuntimeSettings,
+                 children: dict[str, ChildModel], is_ready: Callable[[str], bool], instances: int = 1):
+        missing = [m for m in settings.models() if m not in children]
+        if missing:
+            raise ValueError(f"no ChildModel for {missing}")
+        self.name, self.flow, self.settings, self.runtime = name, flow, settings, runtime
+        self.children = children
+        self._is_ready = is_ready
+        self._choosers: dict[tuple[str, ...], CandidateChooser] = {}
+        classes = [len(c.labels) for c in children.values() if c.is_classifier]
+        self.max_topk = min(classes) if classes else 1
+        if runtime.default_topk > self.max_topk:
+            raise ConfigError(f"model {name}: default_topk={runtime.default_topk} but its classifiers have {self.max_topk} classes")
+        pixel_specs = [c.preprocess for c in children.values() if c.preprocess is not None]
+        # Decoded once per run, preprocessed for the first pixel model declared; another
+        # model with the same pixels is re-normalised, one with other pixels (size, colour)
+        # is preprocessed from the decoded images, which are kept for that.
+        self.primary_spec: PreprocessSpec | None = pixel_specs[0] if pixel_specs else None
+        self.keep_images = any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
+        threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
+        # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
+
+    @classmethod
+    def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[[str], bool], *, version: str = "1",
+             instances: int = 1, name: str | None = None, check: bool = True) -> "FlowRuntime":
+        """The flow in model_dir/<version>/flow.py with its settings from `params` and its
+        child models' configs from the sibling folders; checked on a probe image."""
+        name = name or Path(model_dir).name
+        flow = load_flow(Path(model_dir) / version / "flow.py")
+        runtime, settings = parse_settings(params, flow.settings, name)
+        children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
+        if check:
+            from .loadcheck import check_flow
+
+            check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1))
+        return cls(name, flow, settings, runtime, children, is_ready, instances)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    # ---- one execute() ------------------------------------------------------------------
+    def run(self, requests: Sequence[ImageRequest], send: Send) -> tuple[list[Prediction | RequestError], Timings]:
+        timings = Timings()
+        results: list[Prediction | RequestError | None] = [self._check_request(r, timings) for r in requests]
+        run = _Run(self, requests, results, send, timings)
+        if run.rows:
+            self._answer(run, requests, results, timings)
+        return results, timings  # type: ignore[return-value]
+
+    def _answer(self, run: "_Run", requests, results, timings: Timings) -> None:
+        t0 = time.perf_counter()
+        try:
+            with stages.stage("flow"):
+                answer = self.flow.fn(Batch(run), self.settings)
+            if not isinstance(answer, Answer):
+                raise FlowError(f"flow {self.name} returned {type(answer).__name__}; it must return the batch's Answer "
+                                "(answer = batch.answer(); ...; return answer)")
+        except NoModelReady:
+            return self._fail_pending(requests, results, run.no_model_message(), "classifier", timings)
+        except ChildCallError as exc:
+            return self._fail_pending(requests, results, str(exc), "classifier", timings)
+        except FlowError as exc:
+            log.error("flow %s: %s", self.name, exc)
+            return self._fail_pending(requests, results, f"flow {self.name}: {exc}", "flow", timings)
+        except Exception as exc:  # noqa: BLE001 - a bug in the flow fails these requests, not the model
+            log.exception("flow %s raised %s", self.name, type(exc).__name__)
+            message = f"flow {self.name} raised {type(exc).__name__} (details in the server log)"
+            return self._fail_pending(requests, results, message, "flow", timings)
+        finally:
+            timings.classify = time.perf_counter() - t0 - run.preprocess_in_flow
+        with stages.stage("top_k"):
+            self._split(run, requests, results, answer, timings)
+
+    def _split(self, run: "_Run", requests, results, answer: Answer, timings: Timings) -> None:
+        routes = answer.routes()
+        for r, req in enumerate(requests):
+            if results[r] is not None:
+                continue
+            rows = np.flatnonzero(run.owners == r)
+            k = req.k or self.runtime.default_topk
+            labels = np.full((len(rows), k), b"", dtype=object)
+            scores = np.zeros((len(rows), k), dtype=np.float32)
+            class_ids = np.full((len(rows), k), -1, dtype=np.int32)
+            answered = np.zeros(len(rows), dtype=bool)
+            for positions, source in answer.groups(rows):
+                answered[positions] = True
+                if source is not None:
+                    top = top_k(source.probs_for(rows[positions]), k, source.labels)
+                    labels[positions], scores[positions], class_ids[positions] = top.labels, top.scores, top.class_ids
+            if not answered.all():
+                missing = int(np.flatnonzero(~answered)[0])
+                results[r] = RequestError(f"flow {self.name} left IMAGE[{missing}] unanswered", "flow")
+                timings.count(timings.rejected, "flow", len(rows))
+                continue
+            route = routes[rows].reshape(-1, 1)
+            for value in route[:, 0]:
+                timings.count(timings.routes, value.decode())
+            results[r] = Prediction(labels, scores, class_ids, route)
+
+    def _check_request(self, req: ImageRequest, timings: Timings) -> RequestError | None:
+        error = None
+        total = sum(len(b) for b in req.images)
+        if len(req.images) == 0:
+            error = RequestError("IMAGE is empty: send at least one encoded image", "bad_request")
+        elif total > self.runtime.max_request_bytes:
+            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the {self.runtime.max_request_bytes}-byte limit", "too_large")
+        elif isinstance(req.topk, tuple) and len(set(req.topk)) > 1:
+            error = RequestError(f"TOPK differs between the images of one request ({sorted(set(req.topk))}): send one value", "bad_request")
+        elif req.k is not None and not 1 <= req.k <= self.max_topk:
+            error = RequestError(f"TOPK={req.k} is out of range: use 1..{self.max_topk}", "bad_request")
+        if error is not None:
+            timings.count(timings.rejected, error.reason, max(len(req.images), 1))
+        return error
+
+    @staticmethod
+    def _fail_pending(requests, results, message: str, reason: str, timings: Timings) -> None:
+        for r, res in enumerate(results):
+            if res is None:
+                results[r] = RequestError(message, reason)
+                timings.count(timings.rejected, reason, len(requests[r].images))
+
+    # ---- choosing a model -----------------------------------------------------------------
+    def chooser(self, candidates: tuple[str, ...]) -> CandidateChooser:
+        chooser = self._choosers.get(candidates)
+        if chooser is None:
+            chooser = self._choosers[candidates] = CandidateChooser(candidates, self._is_ready, self.runtime.route_recheck_s)
+        return chooser
+
+
+def renormalize_impossible(have: PreprocessSpec | None, want: PreprocessSpec) -> bool:
+    return have is not None and have != want and renormalize(np.zeros((0, *have.input_shape), have.numpy_dtype), have, want) is None
+
+
+class _Run:
+    """One execute(): its rows (the good requests' images), their pixels, what was tried."""
+
+    def __init__(self, runtime: FlowRuntime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings):
+        self._runtime, self._send, self._timings = runtime, send, timings
+        self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
+        self.preprocess_in_flow = 0.0
+        images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
+        self._encoded = [data for imgs in images if imgs is not None for data in imgs]
+        self._pixels: dict[PreprocessSpec, np.ndarray] = {}
+        self._decoded = None
+        spec = runtime.primary_spec
+        if spec is None:  # every model takes the encoded bytes: nothing to decode
+            self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
+        else:
+            t0 = time.perf_counter()
+            with stages.stage("decode_preprocess"):
+                decoded = decode_to_batch(images, runtime.runtime.decode, spec, runtime.pool, keep_images=runtime.keep_images)
+            for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
+                results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
+                timings.count(timings.rejected, err.reason)
+            if decoded.errors:
+                keep = np.isin(np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs]), decoded.owners)
+                self._encoded = [data for data, k in zip(self._encoded, keep) if k]
+            self.owners = decoded.owners
+            self._pixels[spec] = decoded.batch
+            self._decoded = decoded.images
+            timings.decode_preprocess += time.perf_counter() - t0
+        self.rows = len(self.owners)
+
+    def candidates(self, models) -> tuple[str, ...]:
+        if models is None:
+            return ()
+        names = (models,) if isinstance(models, str) else tuple(models)
+        for m in names:
+            if m not in self._runtime.children:
+                declared = ", ".join(self._runtime.children) or "none"
+                raise FlowError(f"the flow calls model {m!r}, which it did not declare; declare it in a Candidates "
+                                f"setting of its Settings (declared: {declared})")
+        return names
+
+    def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None:
+        for m in candidates:
+            self._tried.setdefault(m, kind)
+        return self._runtime.chooser(candidates).choose(exclude=tried)
+
+    def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool:
+        """After `model` failed: is it still the first READY one (a real failure), or did it go away?"""
+        chooser = self._runtime.chooser(candidates)
+        chooser.invalidate()
+        return chooser.choose(exclude=tried) == model
+
+    def no_model_message(self) -> str:
+        kind = "classifier" if set(self._tried.values()) <= {"classifier"} else "model"
+        return f"no {kind} is ready (tried, in order: {', '.join(self._tried) or 'none'})"
+
+    def child(self, name: str, classifier: bool = False) -> ChildModel:
+        child = self._runtime.children[name]
+        if classifier and not child.is_classifier:
+            raise FlowError(f"classify() needs a classifier, and {name}'s output has no label_filename in its "
+                            "config.pbtxt; use infer() for its raw outputs")
+        return child
+
+    def inputs(self, child: ChildModel, rows: np.ndarray) -> np.ndarray:
+        """`child`'s input for these rows: the encoded bytes, or pixels preprocessed its way."""
+        if child.preprocess is None:
+            return np.array([self._encoded[i] for i in rows], dtype=object).reshape(-1, 1)
+        pixels = self._pixels_for(child.preprocess)
+        return pixels if len(rows) == self.rows else pixels[rows]
+
+    def _pixels_for(self, spec: PreprocessSpec) -> np.ndarray:
+        if spec in self._pixels:
+            return self._pixels[spec]
+        t0 = time.perf_counter()
+        with stages.stage("decode_preprocess"):
+            batch = next((b for b in (renormalize(have, s, spec) for s, have in self._pixels.items()) if b is not None), None)
+            if batch is None:
+                if self._decoded is None:
+                    raise FlowError(f"internal: no decoded images kept for {spec}")
+                batch = preprocess_batch(self._decoded, spec, self._runtime.pool)
+        self._pixels[spec] = batch
+        elapsed = time.perf_counter() - t0
+        self._timings.decode_preprocess += elapsed
+        self.preprocess_in_flow += elapsed
+        return batch
+
+    def send(self, requests: list[ChildRequest]):
+        if not requests:
+            return []
+        t0 = time.perf_counter()
+        with stages.stage("child_calls"):
+            replies = list(self._send(requests))
+        elapsed = time.perf_counter() - t0
+        if len(replies) != len(requests):
+            raise ChildCallError(f"the transport answered {len(replies)} of {len(requests)} child requests")
+        for req in requests:
+            stats = self._timings.children.setdefault(req.model, ChildStats())
+            stats.calls += 1
+            stats.images += len(next(iter(req.inputs.values())))
+            stats.seconds += elapsed
+        return replies
+

@@ -1,0 +1,77 @@
+"""Find and import a flow: `models/<name>/<version>/flow.py` with `def flow(batch, settings)`.
+
+The settings class is the annotation of the flow's second parameter (a `Settings`
+subclass), else a module-level class named `Settings`; a flow without settings declares
+no models and reads only the runtime's keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .modelconfig import parse_config, string_parameters
+from .settings import ConfigError, Settings, parse_settings
+
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_models", "is_flow_model", "load_flow"]
+
+FLOW_FILE = "flow.py"
+
+
+@dataclass(frozen=True)
+class FlowDefinition:
+    fn: Callable
+    settings: type[Settings] | None
+    path: Path
+
+
+def _import(path: Path):
+    """Import flow.py under a name of its own, so that several flows live in one process."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"bls_flow_{path.parent.parent.name}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the settings' annotations resolve through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_flow(path: Path) -> FlowDefinition:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: a flow model's version folder holds flow.py with `def flow(batch, settings)`")
+    module = _import(path)
+    fn = getattr(module, "flow", None)
+    if not callable(fn):
+        raise ConfigError(f"{path} has no function `flow(batch, settings)`")
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) != 2:
+        raise ConfigError(f"{path}: flow() takes {len(params)} parameter(s); write it as `def flow(batch, settings)`")
+    hint = typing.get_type_hints(fn).get(params[1].name)
+    settings = hint if isinstance(hint, type) and issubclass(hint, Settings) else getattr(module, "Settings", None)
+    if settings is not None and not (isinstance(settings, type) and issubclass(settings, Settings) and settings is not Settings):
+        settings = None
+    return FlowDefinition(fn, settings, path)
+
+
+def is_flow_model(model_dir: Path, version: str = "1") -> bool:
+    return (Path(model_dir) / version / FLOW_FILE).is_file()
+
+
+def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
+    """The models the flow in model_dir may call, with its config.pbtxt's settings applied
+    (what the launcher loads with it, and unloads after it when draining)."""
+    model_dir = Path(model_dir)
+    flow = load_flow(model_dir / version / FLOW_FILE)
+    _, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+    return settings.models()

@@ -1,0 +1,130 @@
+"""A flow model run in this process, without a server: for unit tests and notebooks.
+
+The same flow.py, the same settings from its config.pbtxt (overridable), the same child
+configs from the sibling folders and the same runtime as inside Triton. Only the child
+calls differ: a child runs as the Python function you pass for it, else as the numpy
+function its `function` parameter names, else by onnxruntime on the ONNX file its folder
+holds (its `artifact` parameter), else it is not READY.
+
+    flow = LocalFlow("models/classify_bls", models={"resnet50_onnx": my_fake_resnet})
+    prediction = flow.classify([jpeg_bytes])
+    assert prediction.routes[0, 0] == b"resnet50_onnx:direct"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .batch import ChildCallError, ChildRequest
+from .engine import FlowRuntime, ImageRequest, Prediction, RequestError, Timings
+from .functions import FUNCTION_PARAMETER, load_function
+from .modelconfig import parse_config, string_parameters
+
+__all__ = ["LocalFlow", "RequestFailed"]
+
+# A child as a function: its input batch -> its output (one output) or {output name: array}.
+ChildFunction = Callable[[np.ndarray], "np.ndarray | Mapping[str, np.ndarray]"]
+
+
+class RequestFailed(RuntimeError):
+    """LocalFlow.classify's request failed; `error` is what a client would have received."""
+
+    def __init__(self, error: RequestError):
+        super().__init__(f"{error.message} (reason: {error.reason})")
+        self.error = error
+
+
+class LocalFlow:
+    """The flow model in `model_dir`, run here.
+
+    models: child functions by model name (they win over an ONNX file).
+    ready: which models are READY, a set or a function of the name (it may change between
+        calls, to test rerouting); default: those with a function or an ONNX file.
+    parameters: config.pbtxt parameters to set or override, as strings.
+    """
+
+    def __init__(self, model_dir: Path | str, models: Mapping[str, ChildFunction] | None = None, *,
+                 ready: set[str] | Callable[[str], bool] | None = None, parameters: Mapping[str, str] | None = None,
+                 check: bool = True):
+        model_dir = Path(model_dir)
+        self._repo = model_dir.parent
+        self._functions = dict(models or {})
+        self._ready = ready
+        self._sessions: dict[str, object] = {}
+        self.calls: list[tuple[str, int]] = []  # (model, images) of every child request, in order
+        params = {**string_parameters(parse_config(model_dir)), **(parameters or {})}
+        self.runtime = FlowRuntime.load(model_dir, params, self.is_ready, check=check)
+
+    def __enter__(self) -> "LocalFlow":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    def is_ready(self, model: str) -> bool:
+        if self._ready is not None:
+            return self._ready(model) if callable(self._ready) else model in self._ready
+        return model in self._functions or self._runner(model) is not None
+
+    def run(self, requests: Sequence[ImageRequest]) -> tuple[list[Prediction | RequestError], Timings]:
+        """Every request through the flow at once, as one execute() would."""
+        return self.runtime.run(requests, self._send)
+
+    def classify(self, images: Sequence[bytes], topk: int | None = None) -> Prediction:
+        """One request; its Prediction, or RequestFailed with what the client would read."""
+        (result,), _ = self.run([ImageRequest(list(images), topk)])
+        if isinstance(result, RequestError):
+            raise RequestFailed(result)
+        return result
+
+    # ---- the children ---------------------------------------------------------------------
+    def _runner(self, model: str):
+        """How this process runs `model` by itself: (its config, "function"/"onnx", what), or None."""
+        model_dir = self._repo / model
+        if not (model_dir / "config.pbtxt").is_file():
+            return None
+        config = parse_config(model_dir)
+        params = string_parameters(config)
+        if FUNCTION_PARAMETER in params:
+            return config, "function", params[FUNCTION_PARAMETER]
+        path = model_dir / "1" / params.get("artifact", "")
+        return (config, "onnx", path) if path.suffix == ".onnx" and path.is_file() else None
+
+    def _run_child(self, req: ChildRequest) -> Mapping[str, np.ndarray] | ChildCallError:
+        (data,) = req.inputs.values()
+        self.calls.append((req.model, len(data)))
+        try:
+            if req.model in self._functions:
+                out = self._functions[req.model](data)
+                return out if isinstance(out, Mapping) else {req.outputs[0]: np.asarray(out)}
+            return self._session(req.model)(req.inputs, req.outputs)
+        except Exception as exc:  # noqa: BLE001 - a failed child call, as the server would report it
+            return ChildCallError(str(exc) or type(exc).__name__)  # fresh: no traceback keeping the batch alive
+
+    def _session(self, model: str):
+        """A callable (inputs, outputs) -> {output: array} for `model`, made once."""
+        if model not in self._sessions:
+            runner = self._runner(model)
+            if runner is None:
+                raise ChildCallError(f"{model} has no function and no ONNX file here")
+            config, kind, what = runner
+            if kind == "function":
+                fn = load_function(self._repo / model / "1", what)
+                self._sessions[model] = lambda inputs, outputs: {k: v for k, v in fn(inputs).items() if k in outputs}
+            else:
+                from .onnx import OnnxModel
+
+                session = OnnxModel(what, [t.name for t in config.input], [t.name for t in config.output])
+                self._sessions[model] = session.run
+        return self._sessions[model]
+
+    def _send(self, requests: Sequence[ChildRequest]) -> list:
+        # One after another, in order (inside Triton, several go out together): what a
+        # test records does not depend on thread timing.
+        return [self._run_child(r) for r in requests]

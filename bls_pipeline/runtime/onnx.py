@@ -1,0 +1,50 @@
+"""An ONNX model run by onnxruntime on CPU: the logic behind models/*_onnx, and what
+LocalFlow runs a child with when its folder holds the ONNX file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["OnnxModel"]
+
+log = logging.getLogger(__name__)
+
+
+class OnnxModel:
+    """One onnxruntime session; `run` takes a whole batch in one call.
+
+    `inputs` and `outputs` are the tensor names the model's config.pbtxt declares; the
+    ONNX file must have exactly these, so a renamed tensor fails the load, not a request.
+    """
+
+    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], intra_op_threads: int = 0,
+                 allow_spinning: bool = False):
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise ImportError("onnxruntime is needed for the CPU models: pip install 'bls-pipeline[serve]'") from exc
+        if not Path(model_path).exists():
+            raise FileNotFoundError(f"{model_path} is missing: export it with engine_build (python -m engine_build export --help)")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Spinning worker threads burn the cores that decode/preprocess (other stubs) need.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        names_in = sorted(i.name for i in self._session.get_inputs())
+        names_out = sorted(o.name for o in self._session.get_outputs())
+        if names_in != sorted(inputs) or names_out != sorted(outputs):
+            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt declares "
+                             f"{sorted(inputs)} and {sorted(outputs)}: re-export it or fix the config")
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
+        log.info("onnxruntime session on %s (intra-op threads: %s)", model_path, intra_op_threads or "one per core")
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = list(outputs or self.outputs)
+        return dict(zip(names, self._session.run(names, feeds)))

@@ -1,0 +1,235 @@
+"""What a flow model reads once, at load, from its config.pbtxt `parameters`.
+
+Two kinds of keys, checked together:
+- the runtime's own (`RuntimeSettings`): TOPK default, decoding limits, threads, how often
+  to look again for a preferred model. The same keys for every flow model.
+- the flow's own: a `Settings` subclass in its flow.py declares them as annotated class
+  attributes with defaults (name, type, default), e.g. `tta_threshold: Probability = 0.25`.
+
+Every value is a string in config.pbtxt. An unknown key or a bad value raises ConfigError
+naming the model, the key and what to write instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from ..decode import DEFAULT_FORMATS, DecodePolicy
+
+__all__ = ["Candidates", "ConfigError", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
+
+
+class ConfigError(ValueError):
+    """A config.pbtxt setting is missing or wrong; the message says what to write instead."""
+
+
+# ---- the runtime's own keys ----------------------------------------------------------------
+@dataclass(frozen=True)
+class RuntimeSettings:
+    default_topk: int = 5  # labels per image when the request has no TOPK
+    route_recheck_s: float = 5.0  # how often (s) to look again whether a preferred model came back
+    # Decode/preprocess threads per model instance; 0 = cores / instances (measured best
+    # on 2 cores: more threads only fight the classifiers for the CPU).
+    decode_threads: int = 0
+    max_request_bytes: int = 64 * 1024 * 1024  # images in one request, summed
+    decode: DecodePolicy = DecodePolicy()
+
+
+_DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_side")
+RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"] + list(_DECODE_KEYS)))
+
+
+def _as_int(key: str, raw: str, minimum: int | None = None) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"parameter {key}={raw!r}: write a whole number, e.g. {key}: \"{max(minimum or 1, 1)}\"") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"parameter {key}={value}: must be >= {minimum}")
+    return value
+
+
+def _as_float(key: str, raw: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    bounds = f"between {lo} and {hi}" if math.isfinite(lo) or math.isfinite(hi) else "(a finite number)"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"parameter {key}={raw!r}: write a number {bounds}") from None
+    if not (lo <= value <= hi and math.isfinite(value)):
+        raise ConfigError(f"parameter {key}={value}: must be {bounds}")
+    return value
+
+
+def _as_names(key: str, raw: str, example: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if not names:
+        raise ConfigError(f"parameter {key} is empty: write a comma-separated list, e.g. {key}: \"{example}\"")
+    return names
+
+
+def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
+    d = RuntimeSettings()
+    formats = d.decode.formats
+    if "allowed_formats" in params:
+        formats = tuple(f.upper() for f in _as_names("allowed_formats", params["allowed_formats"], "JPEG,PNG"))
+        bad = sorted(set(formats) - set(DEFAULT_FORMATS))
+        if bad:
+            raise ConfigError(f"parameter allowed_formats: {', '.join(bad)} not supported; choose from {', '.join(DEFAULT_FORMATS)}")
+
+    def get(key: str, parse, default):
+        return parse(key, params[key]) if key in params else default
+
+    return RuntimeSettings(
+        default_topk=get("default_topk", lambda k, v: _as_int(k, v, 1), d.default_topk),
+        route_recheck_s=get("route_recheck_s", lambda k, v: _as_float(k, v, 0.0, 3600.0), d.route_recheck_s),
+        decode_threads=get("decode_threads", lambda k, v: _as_int(k, v, 0), d.decode_threads),
+        max_request_bytes=get("max_request_bytes", lambda k, v: _as_int(k, v, 1), d.max_request_bytes),
+        decode=DecodePolicy(
+            max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
+            max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),
+            formats=formats,
+            draft_min_side=get("draft_min_side", lambda k, v: _as_int(k, v, 0), d.decode.draft_min_side),
+        ),
+    )
+
+
+# ---- the flow's keys -----------------------------------------------------------------------
+class Candidates(tuple):
+    """An ordered list of models for one role: the first READY one answers.
+
+    Written in config.pbtxt as comma-separated names ("resnet50_trt,resnet50_onnx"). A
+    setting typed `Optional[Candidates]` may be "none" (or empty): the role is off and
+    the setting is None.
+    """
+
+    def __new__(cls, names=()):
+        return super().__new__(cls, names)
+
+    def __repr__(self) -> str:
+        return f"Candidates({','.join(self)!r})"
+
+
+class Probability(float):
+    """A float setting between 0 and 1 (a threshold on a top-1 probability)."""
+
+
+_TYPES = (int, float, bool, str, Probability, Candidates)
+
+
+def _optional_of(hint) -> Any:
+    """X for Optional[X] / X | None, else None."""
+    if typing.get_origin(hint) in (typing.Union, getattr(sys.modules.get("types"), "UnionType", ())):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0]
+    return None
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    type: type
+    optional: bool  # Optional[...]: "none" turns it off (value None)
+    default: Any
+
+    def parse(self, raw: str) -> Any:
+        key = self.name
+        if self.optional and raw.strip().lower() in ("", "none"):
+            return None
+        if self.type is Candidates:
+            example = ",".join(self.default) if self.default else "model_a,model_b"
+            return Candidates(_as_names(key, raw, example))
+        if self.type is Probability:
+            return Probability(_as_float(key, raw, 0.0, 1.0))
+        if self.type is bool:
+            value = raw.strip().lower()
+            if value not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"parameter {key}={raw!r}: write true or false")
+            return value in ("true", "1", "yes")
+        if self.type is int:
+            return _as_int(key, raw)
+        if self.type is float:
+            return _as_float(key, raw)
+        return raw
+
+
+class Settings:
+    """Base class of a flow's settings: one annotated class attribute per config.pbtxt key.
+
+        class Settings(flow.Settings):
+            classifiers: Candidates = "resnet50_trt,resnet50_onnx"  # first READY answers
+            cascade_classifiers: Optional[Candidates] = None          # "none": off
+            tta_threshold: Probability = 0.25
+
+    Types: int, float, bool, str, Probability (0..1), Candidates (model names) and
+    Optional[Candidates]. A default may be written as it would be in config.pbtxt (a
+    string) or as the value itself. Subclasses become frozen dataclasses. The models a
+    flow may call are exactly those its Candidates settings name.
+    """
+
+    _fields: typing.ClassVar[tuple[_Field, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        hints = typing.get_type_hints(cls)
+        fields = []
+        for name in cls.__dict__.get("__annotations__", {}):
+            hint = hints[name]
+            if typing.get_origin(hint) is typing.ClassVar or hint is typing.ClassVar:
+                continue
+            inner = _optional_of(hint)
+            kind = inner if inner is not None else hint
+            if kind not in _TYPES:
+                raise TypeError(f"setting {cls.__name__}.{name}: type {hint!r} is not supported; use one of "
+                                "int, float, bool, str, Probability, Candidates, Optional[Candidates]")
+            if name not in cls.__dict__:
+                raise TypeError(f"setting {cls.__name__}.{name} needs a default value")
+            field = _Field(name, kind, inner is not None, None)
+            raw = cls.__dict__[name]
+            default = field.parse(raw) if isinstance(raw, str) and kind is not str else raw
+            if default is not None and kind in (Candidates, Probability):
+                default = field.parse(",".join(default) if kind is Candidates else str(default))
+            fields.append(dataclasses.replace(field, default=default))
+            setattr(cls, name, default)
+        cls._fields = tuple(f for f in getattr(cls, "_fields", ()) if f.name not in {f.name for f in fields}) + tuple(fields)
+        dataclass(frozen=True)(cls)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in cls._fields)
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> "Settings":
+        """The settings from config.pbtxt strings (keys of other kinds are ignored here)."""
+        return cls(**{f.name: f.parse(params[f.name]) for f in cls._fields if f.name in params})
+
+    def models(self) -> tuple[str, ...]:
+        """Every model name the Candidates settings hold, in declaration order, once each."""
+        names: dict[str, None] = {}
+        for f in self._fields:
+            value = getattr(self, f.name)
+            if f.type is Candidates and value:
+                names.update(dict.fromkeys(value))
+        return tuple(names)
+
+
+class _NoSettings(Settings):
+    pass
+
+
+def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None, model: str) -> tuple[RuntimeSettings, Settings]:
+    """Both kinds of settings from one model's parameters; unknown keys raise, listing the known ones."""
+    flow_settings = flow_settings or _NoSettings
+    known = sorted(set(RUNTIME_KEYS) | set(flow_settings.keys()))
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for model {model}; known: {', '.join(known)}")
+    try:
+        return _runtime_settings(params), flow_settings.parse(params)
+    except ConfigError as exc:
+        raise ConfigError(f"model {model}: {exc}") from None

@@ -1,0 +1,45 @@
+"""classify_bls: a cheap classifier first; the images it is unsure about go to resnet50.
+
+    cheap model on every image ─> top-1 >= cascade_threshold     ROUTE <cheap>:confident
+                              └─> the unsure ones, ONE call ─> main model
+                                                                 ROUTE <main>:escalated
+                                  (no main model READY: the cheap answer stands)
+                                                                 ROUTE <cheap>:degraded
+    no cheap model READY, or cascade_classifiers "none":
+    main model on every image ─> top-1 >= tta_threshold          ROUTE <main>:direct
+                             └─> the unsure ones mirrored, ONE call, probabilities averaged
+                                                                 ROUTE <main>:flip_tta
+"""
+
+from typing import Optional
+
+from bls_pipeline.flow import Answer, Batch, Candidates, NoModelReady, Probability, Settings
+
+
+class ClassifySettings(Settings):
+    cascade_classifiers: Optional[Candidates] = "efficientnet_lite0_trt,efficientnet_lite0_onnx"  # "none": off
+    cascade_threshold: Probability = 0.5  # cheap top-1 under this: escalated
+    classifiers: Candidates = "resnet50_trt,resnet50_onnx"  # the main classifier
+    tta_threshold: Probability = 0.25  # main path: top-1 under this adds a mirrored pass; 0: off
+
+
+def flow(batch: Batch, settings: ClassifySettings) -> Answer:
+    answer = batch.answer()
+    cheap = batch.classify(settings.cascade_classifiers)
+    if cheap is not None:
+        answer.set(cheap, "confident")
+        unsure = cheap.top1 < settings.cascade_threshold
+        main = batch.classify(settings.classifiers, rows=unsure)
+        if main is None:
+            return answer.set(cheap[unsure], "degraded")
+        return answer.set(main, "escalated")
+
+    main = batch.classify(settings.classifiers)
+    if main is None:
+        raise NoModelReady
+    answer.set(main, "direct")
+    unsure = main.top1 < settings.tta_threshold
+    mirrored = batch.classify(main.model, rows=unsure, flip=True)
+    if mirrored is not None:
+        answer.set(main.mean(mirrored), "flip_tta")
+    return answer

@@ -1,0 +1,349 @@
+"""The flow API (bls_pipeline.flow) with flows written as a user would, in a temporary model
+repository: calls, rows, answers, concurrency, errors, and the load check."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bls_pipeline.decode import decode
+from bls_pipeline.flow import LocalFlow, RequestFailed
+from bls_pipeline.preprocess import preprocess_into
+from bls_pipeline.runtime.batch import ChildCallError
+from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.engine import FlowRuntime, ImageRequest, Prediction, RequestError
+from bls_pipeline.runtime.settings import ConfigError
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+LABELS = (MODELS / "resnet50_onnx" / "labels.txt").read_text().splitlines()
+FLOW_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 64
+input [ {{ name: "IMAGE", data_type: TYPE_STRING, dims: [ 1 ] }}, {{ name: "TOPK", data_type: TYPE_INT32, dims: [ 1 ], optional: true }} ]
+output [ {{ name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] }}, {{ name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] }} ]
+"""
+CLASSIFIER_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: {batch}
+input [ {{ name: "pixels", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] }} ]
+output [ {{ name: "logits", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" }} ]
+"""
+GRAY_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ { name: "G", data_type: TYPE_UINT8, dims: [ 32, 32, 1 ] } ]
+output [ { name: "MEAN", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "IDS", data_type: TYPE_INT32, dims: [ 2 ] } ]
+parameters { key: "preprocess_resize_mode", value: { string_value: "stretch" } }
+""".replace("{name}", "gray")
+SETTINGS = '''
+from bls_pipeline.flow import *
+from bls_pipeline.flow import Answer
+
+
+class S(Settings):
+    main: Candidates = "cls_a,cls_b"
+    other: Candidates = "cls_c"
+    gray: Candidates = "gray"
+'''
+
+
+def image(colour, size=(40, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "PNG")
+    return buf.getvalue()
+
+
+RED, GREEN, DARK = image((220, 20, 20)), image((20, 220, 20)), image((3, 3, 3))
+
+
+def logits_of(colour_channel: int):
+    """A fake classifier: class = the channel with the highest mean (0, 1, 2), sure of it."""
+    def fn(batch: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(batch), len(LABELS)), np.float32)
+        out[np.arange(len(batch)), batch.mean(axis=(2, 3)).argmax(axis=1) + colour_channel] = 20.0
+        return out
+    return fn
+
+
+def gray_fn(batch: np.ndarray) -> dict:
+    return {"MEAN": batch.reshape(len(batch), -1).mean(axis=1, keepdims=True).astype(np.float32),
+            "IDS": np.tile(np.array([[7, 9]], np.int32), (len(batch), 1))}
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "models"
+    for name, batch in (("cls_a", 64), ("cls_b", 64), ("cls_c", 2)):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(CLASSIFIER_CONFIG.format(name=name, batch=batch))
+        shutil.copy(MODELS / "resnet50_onnx" / "labels.txt", root / name / "labels.txt")
+    (root / "gray").mkdir()
+    (root / "gray" / "config.pbtxt").write_text(GRAY_CONFIG)
+    return root
+
+
+def write_flow(repo: Path, body: str, name: str = "f") -> Path:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(FLOW_CONFIG.format(name=name))
+    (repo / name / "1" / "flow.py").write_text(SETTINGS + textwrap.dedent(body))
+    return repo / name
+
+
+class Recorder:
+    """A transport: the child functions, with every round of requests recorded."""
+
+    def __init__(self, functions: dict, ready: set[str] | None = None, fail: set[str] = frozenset()):
+        self.functions, self.ready, self.fail = functions, set(functions) if ready is None else ready, set(fail)
+        self.rounds: list[list[tuple[str, int]]] = []
+
+    def is_ready(self, model: str) -> bool:
+        return model in self.ready
+
+    def send(self, requests):
+        self.rounds.append([(r.model, len(next(iter(r.inputs.values())))) for r in requests])
+        replies = []
+        for r in requests:
+            (data,) = r.inputs.values()
+            if r.model in self.fail:
+                self.ready.discard(r.model)  # it went away mid-call
+                replies.append(ChildCallError(f"{r.model} was unloaded"))
+                continue
+            out = self.functions[r.model](data)
+            replies.append(out if isinstance(out, dict) else {r.outputs[0]: out})
+        return replies
+
+
+def runtime(model_dir: Path, recorder: Recorder, **params) -> FlowRuntime:
+    return FlowRuntime.load(model_dir, {k: str(v) for k, v in params.items()}, recorder.is_ready)
+
+
+FUNCTIONS = {"cls_a": logits_of(0), "cls_b": logits_of(10), "cls_c": logits_of(20), "gray": gray_fn}
+
+
+# ---- calls and answers --------------------------------------------------------------------
+def test_a_selection_is_one_call_on_those_rows_and_later_answers_win(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            first = batch.classify(s.main)
+            reds = first.top1_class == 0
+            second = batch.classify(s.other, rows=reds)
+            return batch.answer().set(first, "first").set(second, "second")
+    """)
+    rec = Recorder(FUNCTIONS)
+    (result,), timings = runtime(flow, rec).run([ImageRequest([RED, GREEN, RED])], rec.send)
+    assert rec.rounds == [[("cls_a", 3)], [("cls_c", 2)]]  # one call each; cls_c's max batch is 2
+    assert result.routes[:, 0].tolist() == [b"cls_c:second", b"cls_a:first", b"cls_c:second"]
+    assert result.class_ids[:, 0].tolist() == [20, 1, 20]
+    assert result.labels[1, 0].decode().endswith(f":1:{LABELS[1]}")
+    assert {m: (s.calls, s.images) for m, s in timings.children.items()} == {"cls_a": (1, 3), "cls_c": (1, 2)}
+
+
+def test_together_sends_both_calls_in_one_round_and_each_gets_its_own_answer(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            a, c = batch.together(Classify(s.main), Classify(s.other, rows=[batch.size - 1]))
+            assert (a.model, c.model) == ("cls_a", "cls_c")
+            return batch.answer().set(a.mean(c), "vote").set(a[a.rows[:-1]], "alone")
+    """)
+    rec = Recorder(FUNCTIONS)
+    (result,), _ = runtime(flow, rec).run([ImageRequest([RED, GREEN])], rec.send)
+    assert rec.rounds == [[("cls_a", 2), ("cls_c", 1)]]  # in flight together
+    assert result.routes[:, 0].tolist() == [b"cls_a:alone", b"cls_a+cls_c:vote"]
+    assert result.scores[1, 0] == pytest.approx(0.5, abs=1e-4)  # two sure answers, different classes, averaged
+
+
+def test_a_model_that_went_away_is_rerouted_within_together(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            a, c = batch.together(Classify(s.main), Classify(s.other))
+            return batch.answer().set(a, "main")
+    """)
+    rec = Recorder(FUNCTIONS, fail={"cls_a"})
+    (result,), _ = runtime(flow, rec).run([ImageRequest([RED])], rec.send)
+    assert rec.rounds == [[("cls_a", 1), ("cls_c", 1)], [("cls_b", 1)]]  # only the failed call goes again
+    assert result.routes[0, 0] == b"cls_b:main" and result.class_ids[0, 0] == 10
+
+
+def test_per_row_values_cover_every_row(repo):
+    flow = write_flow(repo, """
+        import numpy as np
+
+        def flow(batch, s: S) -> Answer:
+            if batch.size < 3:  # the load check's probe image
+                return batch.answer().skip(None, "probe")
+            g = batch.infer(s.gray, rows=np.array([0, 2]))
+            c = batch.classify(s.main, rows=[True, False, True])
+            assert np.isnan(g["MEAN"][1, 0]) and g["IDS"][1].tolist() == [-1, -1] and g["IDS"][0].tolist() == [7, 9]
+            assert np.isnan(c.top1[1]) and c.top1_class[1] == -1 and c.covered.tolist() == [True, False, True]
+            assert c.probs.shape == (3, 1000) and np.isnan(c.probs[1]).all()
+            dark = g["MEAN"][:, 0] < 10
+            return batch.answer().skip(dark, "gray:dark").set(c[~dark], "lit").skip([1], "flow:skipped")
+    """)
+    rec = Recorder(FUNCTIONS)
+    (result,), _ = runtime(flow, rec).run([ImageRequest([RED, GREEN, DARK], topk=2)], rec.send)
+    assert result.routes[:, 0].tolist() == [b"cls_a:lit", b"flow:skipped", b"gray:dark"]
+    assert result.labels[1:].tolist() == [[b"", b""], [b"", b""]]
+    assert result.scores[1:].tolist() == [[0.0, 0.0], [0.0, 0.0]] and result.class_ids[1:].tolist() == [[-1, -1], [-1, -1]]
+
+
+def test_each_child_gets_its_own_input_from_the_same_decode(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            batch.infer(s.gray)
+            return batch.answer().set(batch.classify(s.main), "x")
+    """)
+    seen = {}
+    functions = {**FUNCTIONS, "gray": lambda b: seen.setdefault("gray", b) is not None and gray_fn(b),
+                 "cls_a": lambda b: seen.setdefault("cls_a", b) is not None and logits_of(0)(b)}
+    rec = Recorder(functions)
+    runtime(flow, rec).run([ImageRequest([RED])], rec.send)
+    img = decode(RED)
+    for name, got in seen.items():
+        spec = load_child(repo, name).preprocess
+        want = np.empty(spec.input_shape, spec.numpy_dtype)
+        preprocess_into(img, spec, want)
+        assert got.dtype == spec.numpy_dtype and got.shape == (1, *spec.input_shape)
+        np.testing.assert_allclose(got[0], want, atol=1e-5)
+    assert seen["gray"].shape == (1, 32, 32, 1) and seen["gray"].dtype == np.uint8
+
+
+def test_flip_mirrors_the_width_axis_of_each_layout(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            batch.infer(s.gray, flip=True)
+            batch.infer(s.gray)
+            return batch.answer().skip(None, "done")
+    """)
+    seen = []
+    rec = Recorder({**FUNCTIONS, "gray": lambda b: seen.append(b.copy()) or gray_fn(b)})
+    half = np.zeros((30, 40, 3), np.uint8)
+    half[:, :20] = 255
+    buf = io.BytesIO()
+    Image.fromarray(half).save(buf, "PNG")
+    runtime(flow, rec).run([ImageRequest([buf.getvalue()])], rec.send)
+    mirrored, plain = seen
+    np.testing.assert_array_equal(mirrored, plain[:, :, ::-1, :])
+    assert plain[0, 0, 0, 0] == 255 and plain[0, 0, -1, 0] == 0
+
+
+# ---- what goes wrong -------------------------------------------------------------------------
+def test_no_model_ready_names_every_candidate_tried(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            if batch.classify(s.other) is None and batch.classify(s.main) is None:
+                raise NoModelReady
+            return batch.answer().skip(None, "x")
+    """)
+    rec = Recorder(FUNCTIONS, ready=set())
+    (result,), timings = runtime(flow, rec).run([ImageRequest([RED, GREEN])], rec.send)
+    assert result == RequestError("no classifier is ready (tried, in order: cls_c, cls_a, cls_b)", "classifier")
+    assert rec.rounds == [] and timings.rejected == {"classifier": 2}
+
+
+def test_a_flow_that_raises_fails_that_execute_only(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            scores = batch.classify(s.main)
+            if batch.size == 2:
+                raise KeyError("secret/path")
+            return batch.answer().set(scores, "ok")
+    """)
+    rec = Recorder(FUNCTIONS)
+    rt = runtime(flow, rec)
+    failed, timings = rt.run([ImageRequest([RED]), ImageRequest([GREEN])], rec.send)
+    assert failed == [RequestError("flow f raised KeyError (details in the server log)", "flow")] * 2
+    assert timings.rejected == {"flow": 2}
+    (ok,), _ = rt.run([ImageRequest([RED])], rec.send)  # the model keeps serving
+    assert isinstance(ok, Prediction) and ok.routes[0, 0] == b"cls_a:ok"
+
+
+def test_rows_left_unanswered_fail_their_request(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            return batch.answer().set(batch.classify(s.main, rows=[0]), "ok")  # row 0 only
+    """)
+    rec = Recorder(FUNCTIONS)
+    results, _ = runtime(flow, rec, ).run([ImageRequest([RED]), ImageRequest([GREEN, RED])], rec.send)
+    assert isinstance(results[0], Prediction)
+    assert results[1] == RequestError("flow f left IMAGE[0] unanswered", "flow")
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("return batch.answer().set(batch.classify(s.main, rows=[True]), 'x')", "one entry per row (1), got shape (1,)"
+     .replace("(1)", "(2)")),
+    ("return batch.answer().set(batch.classify(s.main, rows=[5]), 'x')", "row indices must be in 0..1"),
+    ("return batch.answer().set(batch.classify(None), 'x')", "Answer.set(None, 'x')"),
+    ("return batch.infer(s.gray)['NOPE']", "model gray has no output 'NOPE'"),
+    ("return None", "returned NoneType; it must return the batch's Answer"),
+])
+def test_api_misuse_says_what_to_do(repo, body, message):
+    flow = write_flow(repo, f"""
+        def flow(batch, s: S) -> Answer:
+            if batch.size == 1:
+                return batch.answer().skip(None, "probe")
+            {body}
+    """)
+    rec = Recorder(FUNCTIONS)
+    (result,), _ = runtime(flow, rec).run([ImageRequest([RED, GREEN])], rec.send)
+    assert result.reason == "flow" and message in result.message, result.message
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("batch.classify('resnet50_onnx')", "calls model 'resnet50_onnx', which it did not declare"),
+    ("batch.classify(s.gray)", "gray's output has no label_filename"),
+    ("1 / 0", "raised ZeroDivisionError"),
+    ("return batch.answer()", "left IMAGE[0] unanswered"),
+])
+def test_the_load_check_catches_a_broken_flow_before_any_request(repo, body, message):
+    flow = write_flow(repo, f"""
+        def flow(batch, s: S) -> Answer:
+            {body}
+            return batch.answer().skip(None, "x")
+    """)
+    rec = Recorder(FUNCTIONS)
+    with pytest.raises(ConfigError, match="failed its load check") as info:
+        runtime(flow, rec)
+    assert message in str(info.value)
+    assert rec.rounds == []  # no child was called: the check uses stand-ins
+
+
+def test_a_flow_file_that_is_missing_or_has_no_flow(repo):
+    (repo / "empty" / "1").mkdir(parents=True)
+    (repo / "empty" / "config.pbtxt").write_text(FLOW_CONFIG.format(name="empty"))
+    with pytest.raises(ConfigError, match="flow.py is missing"):
+        FlowRuntime.load(repo / "empty", {}, lambda m: True)
+    (repo / "empty" / "1" / "flow.py").write_text("def run(batch, settings):\n    pass\n")
+    with pytest.raises(ConfigError, match="has no function `flow\\(batch, settings\\)`"):
+        FlowRuntime.load(repo / "empty", {}, lambda m: True)
+
+
+def test_a_declared_model_without_a_config_fails_the_load(repo):
+    flow = write_flow(repo, "def flow(batch, s: S) -> Answer:\n    return batch.answer()\n")
+    with pytest.raises(ConfigError, match="model ghost has no .*config.pbtxt"):
+        FlowRuntime.load(flow, {"other": "ghost"}, lambda m: True)
+
+
+# ---- LocalFlow ----------------------------------------------------------------------------------
+def test_local_flow_runs_functions_and_reports_failures(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            return batch.answer().set(batch.classify(s.main), "x")
+    """)
+    with LocalFlow(flow, {"cls_a": logits_of(0)}) as local:
+        assert local.is_ready("cls_a") and not local.is_ready("cls_b") and not local.is_ready("gray")
+        assert local.classify([RED]).routes[0, 0] == b"cls_a:x"
+        assert local.calls == [("cls_a", 1)]
+        with pytest.raises(RequestFailed, match="IMAGE\\[0\\]: not a decodable image"):
+            local.classify([b"nope"])
+    with LocalFlow(flow, {"cls_a": logits_of(0)}, ready=set()) as local:
+        with pytest.raises(RequestFailed, match="that call found no READY model; check for None"):
+            local.classify([RED])

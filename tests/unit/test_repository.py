@@ -1,0 +1,90 @@
+"""What the launcher reads from a model repository: who calls whom (ensemble steps and the
+models a flow declares), what loads with what, and the order in which to drain."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.repository import Repository, drain_stages, export_hint, plan_loading
+from bls_pipeline.runtime.modelconfig import config_variant
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+CLASSIFIERS = ("efficientnet_lite0_trt", "efficientnet_lite0_onnx", "resnet50_trt", "resnet50_onnx")
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """models/ as shipped, with a (fake) ONNX file for every *_onnx model."""
+    dst = tmp_path / "models"
+    shutil.copytree(MODELS, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
+    for onnx in dst.glob("*_onnx"):
+        (onnx / "1" / "model.onnx").write_bytes(b"")
+    return dst
+
+
+def test_a_flow_calls_what_its_settings_declare():
+    repo = Repository.read(MODELS)
+    assert repo.callees["classify_bls"] == CLASSIFIERS
+    assert repo.callees["ensemble_resnet50"] == ("ensemble_preprocess", "resnet50_onnx", "ensemble_postprocess")
+    assert repo.callees["resnet50_onnx"] == ()
+
+
+def test_the_flows_settings_change_what_it_calls(repo):
+    (repo / "classify_bls" / "config.pbtxt").write_text(
+        config_variant(repo / "classify_bls", "classify_bls", {"cascade_classifiers": "none", "classifiers": "resnet50_onnx"}))
+    assert Repository.read(repo).callees["classify_bls"] == ("resnet50_onnx",)
+
+
+def test_loading_a_flow_loads_what_it_calls(repo):
+    plan = plan_loading(repo, {"python"}, only=("classify_bls",))
+    assert plan.load == ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
+    assert set(plan.skipped) == {"efficientnet_lite0_trt", "resnet50_trt"}
+    assert "no TensorRT backend" in plan.skipped["resnet50_trt"]
+
+
+def test_excluded_models_stay_out_with_the_reason(repo):
+    plan = plan_loading(repo, {"python"}, only=("classify_bls",), exclude={"resnet50_onnx": "random weights"})
+    assert "resnet50_onnx" not in plan.load and plan.skipped["resnet50_onnx"] == "random weights"
+
+
+def test_no_helper_models_for_an_ensemble_that_cannot_load(repo):
+    (repo / "resnet50_onnx" / "1" / "model.onnx").unlink()
+    plan = plan_loading(repo, {"python"})
+    assert "resnet50_onnx/1/model.onnx is missing" in plan.skipped["resnet50_onnx"]
+    assert plan.skipped["ensemble_resnet50"] == "its steps cannot load: resnet50_onnx"
+    for helper in ("ensemble_preprocess", "ensemble_postprocess"):
+        assert plan.skipped[helper] == "only ensemble_resnet50 uses it, and it cannot load"
+    # ...unless asked for by name.
+    assert "ensemble_preprocess" in plan_loading(repo, {"python"}, only=("ensemble_preprocess",)).load
+
+
+def test_the_missing_onnx_hint_works_when_copied(repo):
+    (repo / "resnet50_onnx" / "1" / "model.onnx").unlink()
+    hint = plan_loading(repo, {"python"}).skipped["resnet50_onnx"]
+    assert f"{sys.executable} -m engine_build export --model resnet50 --weights imagenet" in hint
+    assert export_hint("efficientnet_lite0_onnx").endswith("-m engine_build export --model efficientnet_lite0")
+
+
+def test_unknown_model_names_the_ones_there(repo):
+    with pytest.raises(ValueError, match="no such model .*: nope \\(models there: .*classify_bls"):
+        plan_loading(repo, {"python"}, only=("nope",))
+
+
+def test_drain_unloads_callers_before_what_they_call(repo):
+    loaded = ("classify_bls", "efficientnet_lite0_onnx", "ensemble_postprocess", "ensemble_preprocess",
+              "ensemble_resnet50", "resnet50_onnx")
+    stages = drain_stages(repo, loaded)
+    assert stages == [("classify_bls", "ensemble_resnet50"),
+                      ("efficientnet_lite0_onnx", "ensemble_postprocess", "ensemble_preprocess", "resnet50_onnx")]
+
+
+def test_drain_orders_a_flow_that_calls_a_flow(repo):
+    shutil.copytree(repo / "classify_bls", repo / "outer")
+    (repo / "outer" / "config.pbtxt").write_text(config_variant(repo / "classify_bls", "outer", {
+        "cascade_classifiers": "none", "classifiers": "classify_bls"}))
+    stages = drain_stages(repo, ("classify_bls", "outer", "resnet50_onnx", "efficientnet_lite0_onnx"))
+    assert stages == [("outer",), ("classify_bls",), ("resnet50_onnx", "efficientnet_lite0_onnx")]
