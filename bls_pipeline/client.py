@@ -125,6 +125,10 @@ def format_table(results: list[FileResult]) -> str:
             lines.append(f"{name:<{width}}  {'-':>6}  error: {r.error}")
             continue
         for i, item in enumerate(r.labels or []):
+            if not item:  # a row the flow ended early: no labels, its ROUTE says why
+                if i == 0:
+                    lines.append(f"{name:<{width}}  {'-':>6}  {'(no label)':<28}  {r.route}")
+                continue
             score, index, label = item.split(":", 2)
             lines.append(f"{name if i == 0 else '':<{width}}  {float(score):>6.3f}  {f'{label} ({index})':<28}  {r.route if i == 0 else ''}")
     return "\n".join(lines)

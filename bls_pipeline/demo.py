@@ -1,8 +1,8 @@
 """`bls-demo`: the README's main job, end to end on this machine.
 
 Exports the ONNX classifiers if missing, starts the embedded tritonserver on free ports,
-classifies the sample images with classify_bls over HTTP and gRPC, prints the labels and
-routes, stops the server.
+classifies the sample images with classify_bls over HTTP and gRPC and with triage_bls over
+gRPC, prints the labels and routes, stops the server.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .server import ServerOptions, TritonServer
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
-FLOWS = ("classify_bls",)
+FLOWS = ("classify_bls", "triage_bls")
 
 
 def _onnx_path(repo: Path, onnx_model: str) -> Path:
@@ -79,14 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(args.model_repository)
     excluded = ensure_classifiers(repo)
     files = find_images(args.images)
-    # The shipped flow and what it calls; the ensemble baseline is for bls-bench.
+    # The two shipped flows and what they call; the ensemble baseline is for bls-bench.
     opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=FLOWS, exclude=excluded)
     print(f"starting tritonserver (log: {opts.log_file}) ...", flush=True)
     with TritonServer(opts) as server:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "
               + (", ".join(f"{m} ({why})" for m, why in server.skipped.items()) or "none"))
         failed = False
-        runs = [("classify_bls", "http"), ("classify_bls", "grpc")]
+        runs = [("classify_bls", "http"), ("classify_bls", "grpc"), ("triage_bls", "grpc")]
         for model, protocol in runs:
             url = server.url(protocol)
             results = classify_files(url, protocol, files, args.topk, concurrency=4, model=model)

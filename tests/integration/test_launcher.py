@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_loads_only_models_with_their_parts(server):
-    shipped = {"classify_bls", "resnet50_onnx", "efficientnet_lite0_onnx", "ensemble_resnet50", "ensemble_preprocess",
+    shipped = {"classify_bls", "triage_bls", "image_quality", "resnet50_onnx", "efficientnet_lite0_onnx", "ensemble_resnet50", "ensemble_preprocess",
                "ensemble_postprocess"}
     assert shipped <= set(server.loaded)
     assert set(server.loaded) - shipped == {m for m in server.loaded if m.startswith("classify_bls_")}  # test variants

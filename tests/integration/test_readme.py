@@ -43,8 +43,9 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for protocol in ("HTTP", "GRPC"):
         assert f"== classify_bls over {protocol}" in proc.stdout
-    for sample in sorted(Path(repo_root / "samples").glob("*.jpg")):
-        assert proc.stdout.count(sample.name) == 2  # once per protocol
+    assert "== triage_bls over GRPC" in proc.stdout
+    for sample in sorted(Path(repo_root / "samples").glob("*.*g")):
+        assert proc.stdout.count(sample.name) == 3  # classify_bls once per protocol, triage_bls once
     # The test repo's resnet50 has random weights: the main job must not serve it, so every
     # label comes from efficientnet_lite0's real weights.
     assert "RANDOM weights (a test export): not serving it" in proc.stdout
@@ -52,4 +53,8 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     http = proc.stdout.split("== classify_bls over HTTP")[1].split("== classify_bls over GRPC")[0]
     assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_onnx:confident", http), http
     assert re.search(r"coffee\.jpg\s+0\.\d+\s+espresso \(967\)", http), http
+    triage = proc.stdout.split("== triage_bls over GRPC")[1]
+    assert re.search(r"night\.png\s+-\s+\(no label\)\s+image_quality:too_dark", triage), triage
+    assert re.search(r"blank\.png\s+-\s+\(no label\)\s+image_quality:blank", triage), triage
+    assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_onnx:alone", triage), triage
     assert "server stopped." in proc.stdout
