@@ -1,11 +1,15 @@
 """Image classification on Triton Inference Server, with the pipeline written as code (BLS).
 
-Users write flows (bls_pipeline.flow); the rest of the package runs them:
-    decode, preprocess, postprocess, batching   pure stages: bytes -> pixels, logits -> labels
-    runtime/                                    the flow runtime, pure, over an injected model call
-    adapter/                                    the Triton-facing glue that models/*/1/model.py hands over to
-    server, repository, watchdog, client        the local launcher (bls-serve) and client (bls-classify)
-    bench, overhead, stagetrace, demo           tools (bls-bench, bls-overhead, bls-trace, bls-demo)
+Users write flows against `bls_pipeline.flow`; the layers below run them, each importing
+only the ones under it:
+
+    stages/    pure: encoded bytes -> pixels (decode, preprocess, batching), logits -> labels
+    runtime/   the flow runtime, pure over an injected child call: settings, child models,
+               routing, the batch a flow sees; LocalFlow runs a flow in process
+    adapter/   the Triton-facing glue that models/*/1/model.py hands over to (pb_utils, DLPack,
+               async_exec, metrics)
+    serve/     the local launcher (bls-serve), the model repository's plan, the client (bls-classify)
+    tools/     bls-bench, bls-overhead, bls-trace, bls-demo
 """
 
 __version__ = "0.2.0"

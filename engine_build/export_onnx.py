@@ -64,7 +64,7 @@ def _resnet50(weights: str):
         return torchvision.models.resnet50(weights=None).eval()
     if weights == "imagenet":
         try:
-            # V1: trained for the 256/224 eval transform that bls_pipeline.preprocess implements.
+            # V1: trained for the 256/224 eval transform that bls_pipeline.stages.preprocess implements.
             return torchvision.models.resnet50(weights=torchvision.models.ResNet50_Weights.IMAGENET1K_V1).eval()
         except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, SSL errors, hash mismatch
             raise WeightsUnavailable(f"could not download torchvision's ImageNet weights for resnet50 ({type(exc).__name__}: {exc})") from exc

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
-from ..runtime.engine import FlowRuntime, ImageRequest, Prediction
+from ..runtime.engine import FlowRuntime
+from ..runtime.results import ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import stages
+from ..runtime import hooks
 from ..runtime.onnx import OnnxModel
 from .glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
 
@@ -41,7 +41,7 @@ def onnx_model(pb_utils: Any) -> type:
         def execute(self, requests):
             feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests] for name in self.inputs}
             sizes = [len(a) for a in feeds[self.inputs[0]]]
-            with stages.stage("onnxruntime"):
+            with hooks.stage("onnxruntime"):
                 outputs = self.model.run({name: parts[0] if len(parts) == 1 else np.concatenate(parts) for name, parts in feeds.items()})
             assert all(len(v) == sum(sizes) for v in outputs.values()), "output batch must equal the summed input batch"
             responses, start = [], 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from ..runtime import stages
+from ..runtime import hooks
 from ..runtime.batch import ChildCallError, ChildRequest
 from .glue import tensor_from_numpy, tensor_to_numpy
 
@@ -29,16 +29,16 @@ class TritonTransport:
             self._loop = None
 
     def send(self, requests: Sequence[ChildRequest]) -> list:
-        with stages.stage("child_inputs"):
+        with hooks.stage("child_inputs"):
             built = [self._request(r) for r in requests]
-        with stages.stage("child_exec"):
+        with hooks.stage("child_exec"):
             if len(built) == 1:
                 responses = [self._exec(built[0])]
             else:
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 responses = self._loop.run_until_complete(self._exec_together(built))
-        with stages.stage("child_outputs"):
+        with hooks.stage("child_outputs"):
             return [self._outputs(resp, req) for resp, req in zip(responses, requests)]
 
     def _request(self, req: ChildRequest) -> Any:

@@ -16,16 +16,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from ..postprocess import softmax
+from ..stages.postprocess import softmax
 from .children import ChildModel
 from .settings import Candidates
-
-if TYPE_CHECKING:
-    from .engine import _Run
 
 __all__ = ["Answer", "Batch", "ChildCallError", "ChildRequest", "Classify", "FlowError", "Infer", "NoModelReady",
            "Outputs", "Scores"]
@@ -268,10 +265,23 @@ class _Plan:
         return "classifier" if isinstance(self.call, Classify) else "model"
 
 
+class RunContext(Protocol):
+    """What a Batch needs from the runtime for one execute() (engine._Run)."""
+
+    rows: int
+
+    def candidates(self, models: Models) -> tuple[str, ...]: ...
+    def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None: ...
+    def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool: ...
+    def child(self, name: str, classifier: bool = False) -> ChildModel: ...
+    def inputs(self, child: ChildModel, rows: np.ndarray) -> np.ndarray: ...
+    def send(self, requests: list[ChildRequest]) -> Sequence: ...
+
+
 class Batch:
     """The images of every request in one execute(), as rows, and the calls on them."""
 
-    def __init__(self, run: "_Run"):
+    def __init__(self, run: RunContext):
         self._run = run
         self.size = run.rows
 

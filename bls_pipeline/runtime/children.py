@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, RESIZE_MODES, PreprocessSpec
+from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, RESIZE_MODES, PreprocessSpec
 from .modelconfig import data_type, parse_config, string_parameters
 from .settings import ConfigError, _as_float, _as_int
 

@@ -14,79 +14,26 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..batching import decode_to_batch, preprocess_batch
-from ..postprocess import top_k
-from ..preprocess import PreprocessSpec, renormalize
-from . import stages
+from ..stages.batching import decode_to_batch, preprocess_batch
+from ..stages.postprocess import top_k
+from ..stages.preprocess import PreprocessSpec, renormalize
+from . import hooks
 from .batch import Answer, Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
 from .children import ChildModel, load_child
+from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
 from .routing import CandidateChooser
-from .settings import Candidates, ConfigError, RuntimeSettings, Settings, parse_settings
+from .results import ChildStats, ImageRequest, Prediction, RequestError, Timings
+from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
 
-__all__ = ["FlowRuntime", "ImageRequest", "Prediction", "RequestError", "Timings"]
+__all__ = ["FlowRuntime"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ImageRequest:
-    """One client request: its encoded images and its optional TOPK."""
-
-    images: Sequence[bytes]
-    # TOPK as sent: one value per image (a batched input), all equal; or None for the default
-    topk: int | tuple[int, ...] | None = None
-
-    @property
-    def k(self) -> int | None:
-        if self.topk is None or isinstance(self.topk, int):
-            return self.topk
-        return self.topk[0] if self.topk else None
-
-
-@dataclass(frozen=True)
-class RequestError:
-    """Why one request failed; `message` is safe to send to the client."""
-
-    message: str
-    # short tag for metrics: decode reasons, "bad_request", "too_large", "classifier" (no
-    # model could answer: UNAVAILABLE), "flow" (the flow itself failed: INTERNAL)
-    reason: str
-
-
-@dataclass(frozen=True)
-class Prediction:
-    labels: np.ndarray  # (n, k) object (bytes "score:index:label"; b"" for a row that ended early)
-    scores: np.ndarray  # (n, k) float32
-    class_ids: np.ndarray  # (n, k) int32
-    routes: np.ndarray  # (n, 1) object (bytes "model:branch", or the flow's own ROUTE)
-
-
-@dataclass
-class ChildStats:
-    calls: int = 0
-    images: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class Timings:
-    """What one run did: seconds per stage, images per route, rejections per reason, calls per child."""
-
-    decode_preprocess: float = 0.0
-    classify: float = 0.0  # the flow: its child calls and its own logic
-    routes: dict[str, int] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
-    children: dict[str, ChildStats] = field(default_factory=dict)
-
-    def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
-        table[key] = table.get(key, 0) + n
 
 
 class FlowRuntime:
@@ -125,8 +72,6 @@ class FlowRuntime:
         runtime, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
         if check:
-            from .loadcheck import check_flow
-
             check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1))
         return cls(name, flow, settings, runtime, children, is_ready, instances)
 
@@ -146,7 +91,7 @@ class FlowRuntime:
     def _answer(self, run: "_Run", requests, results, timings: Timings) -> None:
         t0 = time.perf_counter()
         try:
-            with stages.stage("flow"):
+            with hooks.stage("flow"):
                 answer = self.flow.fn(Batch(run), self.settings)
             if not isinstance(answer, Answer):
                 raise FlowError(f"flow {self.name} returned {type(answer).__name__}; it must return the batch's Answer "
@@ -164,7 +109,7 @@ class FlowRuntime:
             return self._fail_pending(requests, results, message, "flow", timings)
         finally:
             timings.classify = time.perf_counter() - t0 - run.preprocess_in_flow
-        with stages.stage("top_k"):
+        with hooks.stage("top_k"):
             self._split(run, requests, results, answer, timings)
 
     def _split(self, run: "_Run", requests, results, answer: Answer, timings: Timings) -> None:
@@ -243,7 +188,7 @@ class _Run:
             self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
         else:
             t0 = time.perf_counter()
-            with stages.stage("decode_preprocess"):
+            with hooks.stage("decode_preprocess"):
                 decoded = decode_to_batch(images, runtime.runtime.decode, spec, runtime.pool, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
@@ -301,7 +246,7 @@ class _Run:
         if spec in self._pixels:
             return self._pixels[spec]
         t0 = time.perf_counter()
-        with stages.stage("decode_preprocess"):
+        with hooks.stage("decode_preprocess"):
             batch = next((b for b in (renormalize(have, s, spec) for s, have in self._pixels.items()) if b is not None), None)
             if batch is None:
                 if self._decoded is None:
@@ -317,7 +262,7 @@ class _Run:
         if not requests:
             return []
         t0 = time.perf_counter()
-        with stages.stage("child_calls"):
+        with hooks.stage("child_calls"):
             replies = list(self._send(requests))
         elapsed = time.perf_counter() - t0
         if len(replies) != len(requests):

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from .batch import ChildRequest
-from .engine import FlowRuntime, ImageRequest, RequestError
+from .results import ImageRequest, RequestError
 from .settings import ConfigError
 
 __all__ = ["check_flow"]
@@ -33,7 +33,7 @@ def _probe_image() -> bytes:
     return buf.getvalue()
 
 
-def _stand_in(runtime: FlowRuntime):
+def _stand_in(runtime):
     def send(requests: list[ChildRequest]):
         replies = []
         for req in requests:
@@ -50,7 +50,7 @@ def _stand_in(runtime: FlowRuntime):
     return send
 
 
-def check_flow(runtime: FlowRuntime) -> None:
+def check_flow(runtime) -> None:
     """Raise ConfigError if the flow fails on the probe image; close the runtime either way."""
     try:
         (result,), _ = runtime.run([ImageRequest([_probe_image()])], _stand_in(runtime))

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from ..decode import DEFAULT_FORMATS, DecodePolicy
+from ..stages.decode import DEFAULT_FORMATS, DecodePolicy
 
 __all__ = ["Candidates", "ConfigError", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.runtime.modelconfig import config_variant
-from bls_pipeline.server import ServerOptions, TritonServer
+from bls_pipeline.serve.server import ServerOptions, TritonServer
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bls_pipeline.client import ClassifyClient
+from bls_pipeline.serve.client import ClassifyClient
 
 pytestmark = pytest.mark.integration
 CHEAP, MAIN = "efficientnet_lite0_onnx", "resnet50_onnx"

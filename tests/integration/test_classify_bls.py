@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from bls_pipeline.client import ClassifyClient
-from bls_pipeline.decode import DecodePolicy, decode
-from bls_pipeline.postprocess import softmax, top_k
-from bls_pipeline.preprocess import PreprocessSpec, preprocess_into
+from bls_pipeline.serve.client import ClassifyClient
+from bls_pipeline.stages.decode import DecodePolicy, decode
+from bls_pipeline.stages.postprocess import softmax, top_k
+from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
 from bls_pipeline.runtime.children import load_child
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from bls_pipeline.client import ClassifyClient
+from bls_pipeline.serve.client import ClassifyClient
 
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"  # resnet50_onnx first, efficientnet_lite0_onnx next, no cascade

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from bls_pipeline import contract
-from bls_pipeline.decode import DecodePolicy, decode
-from bls_pipeline.postprocess import softmax
-from bls_pipeline.preprocess import PreprocessSpec, preprocess_into
+from bls_pipeline.stages.decode import DecodePolicy, decode
+from bls_pipeline.stages.postprocess import softmax
+from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
 from bls_pipeline.runtime.children import load_child
 
 pytestmark = pytest.mark.integration

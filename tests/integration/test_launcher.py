@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline import server as server_module
-from bls_pipeline.server import SHM_PREFIX, ServerOptions, TritonServer, _kill_group as kill_group, free_port
+from bls_pipeline.serve import server as server_module
+from bls_pipeline.serve.server import SHM_PREFIX, ServerOptions, TritonServer, _kill_group as kill_group, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def test_loads_only_models_with_their_parts(server):
 
 
 def test_missing_onnx_is_skipped_with_the_export_hint(tmp_path, repo_root):
-    from bls_pipeline.repository import plan_loading
+    from bls_pipeline.serve.repository import plan_loading
 
     plan = plan_loading(repo_root / "models", {"python"})
     if (repo_root / "models" / "resnet50_onnx" / "1" / "model.onnx").exists():

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from bls_pipeline import overhead
+from bls_pipeline.tools import overhead
 
 pytestmark = pytest.mark.integration
 

@@ -38,7 +38,7 @@ def test_triton_tag_is_set_once(repo_root):
 
 def test_main_job_classifies_the_samples(model_repo, repo_root):
     """bls-demo (what ./scripts/demo.sh runs after setup) on the test repository copy."""
-    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.demo", "--model-repository", str(model_repo), "--topk", "2"],
+    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.tools.demo", "--model-repository", str(model_repo), "--topk", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for protocol in ("HTTP", "GRPC"):

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from bls_pipeline import stagetrace
+from bls_pipeline.tools import stagetrace
 
 pytestmark = pytest.mark.integration
 

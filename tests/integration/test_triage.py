@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bls_pipeline.client import ClassifyClient
-from bls_pipeline.decode import decode
-from bls_pipeline.postprocess import softmax
-from bls_pipeline.preprocess import preprocess_into
+from bls_pipeline.serve.client import ClassifyClient
+from bls_pipeline.stages.decode import decode
+from bls_pipeline.stages.postprocess import softmax
+from bls_pipeline.stages.preprocess import preprocess_into
 from bls_pipeline.runtime.children import load_child
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """bls-bench's ratios: taken within each round, then the median over rounds."""
 
-from bls_pipeline.bench import Point, ratios
+from bls_pipeline.tools.bench import Point, ratios
 
 
 def _point(target: str, c: int, images_per_s: float, p50_ms: float = 30.0) -> Point:

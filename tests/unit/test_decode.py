@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.decode import DecodePolicy, ImageError, decode
+from bls_pipeline.stages.decode import DecodePolicy, ImageError, decode
 
 RED, GREEN, BLUE, WHITE, BLACK = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255), (0, 0, 0)
 

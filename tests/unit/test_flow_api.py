@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.decode import decode
+from bls_pipeline.stages.decode import decode
 from bls_pipeline.flow import LocalFlow, RequestFailed
-from bls_pipeline.preprocess import preprocess_into
+from bls_pipeline.stages.preprocess import preprocess_into
 from bls_pipeline.runtime.batch import ChildCallError
 from bls_pipeline.runtime.children import load_child
-from bls_pipeline.runtime.engine import FlowRuntime, ImageRequest, Prediction, RequestError
+from bls_pipeline.runtime.engine import FlowRuntime
+from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
 from bls_pipeline.runtime.settings import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

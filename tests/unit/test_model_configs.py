@@ -11,7 +11,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
-from bls_pipeline.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
+from bls_pipeline.stages.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
 from bls_pipeline.runtime.children import load_child
 from bls_pipeline.runtime.loader import load_flow
 from bls_pipeline.runtime.modelconfig import config_variant, parse_config, string_parameters
@@ -115,7 +115,7 @@ def test_efficientnet_spec_is_its_training_normalisation():
 
 def test_imagenet_normalisation_gives_efficientnet_a_different_input():
     """resnet50's mean/std on a real photo leave efficientnet's [-1, 1] training range."""
-    from bls_pipeline.decode import DecodePolicy, decode
+    from bls_pipeline.stages.decode import DecodePolicy, decode
 
     img = decode((MODELS.parent / "samples" / "mug.jpg").read_bytes(), DecodePolicy())
     inputs = {}

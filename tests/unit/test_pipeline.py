@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.decode import decode
+from bls_pipeline.stages.decode import decode
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.postprocess import softmax
-from bls_pipeline.preprocess import preprocess_into
+from bls_pipeline.stages.postprocess import softmax
+from bls_pipeline.stages.preprocess import preprocess_into
 from bls_pipeline.runtime.batch import ChildCallError
 from bls_pipeline.runtime.children import child_model
-from bls_pipeline.runtime.engine import ImageRequest, Prediction, RequestError
+from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
 from bls_pipeline.runtime.modelconfig import ModelConfig
 from bls_pipeline.runtime.settings import RuntimeSettings
 

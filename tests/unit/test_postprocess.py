@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from bls_pipeline.postprocess import format_label, softmax, top_k
+from bls_pipeline.stages.postprocess import format_label, softmax, top_k
 
 LABELS = [f"class_{i}" for i in range(10)]
 

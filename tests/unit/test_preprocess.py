@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from bls_pipeline.preprocess import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec, crop_box, preprocess_into
+from bls_pipeline.stages.preprocess import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec, crop_box, preprocess_into
 
 IMAGENET = PreprocessSpec()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.repository import Repository, drain_stages, export_hint, plan_loading
+from bls_pipeline.serve.repository import Repository, drain_stages, export_hint, plan_loading
 from bls_pipeline.runtime.modelconfig import config_variant
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

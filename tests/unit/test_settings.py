@@ -10,8 +10,8 @@ from typing import Optional
 
 import pytest
 
-from bls_pipeline.decode import DEFAULT_FORMATS, DecodePolicy
-from bls_pipeline.preprocess import PreprocessSpec
+from bls_pipeline.stages.decode import DEFAULT_FORMATS, DecodePolicy
+from bls_pipeline.stages.preprocess import PreprocessSpec
 from bls_pipeline.runtime.children import child_model, load_child
 from bls_pipeline.runtime.settings import Candidates, ConfigError, Probability, RuntimeSettings, Settings, parse_settings
 

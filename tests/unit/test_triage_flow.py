@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.postprocess import softmax
+from bls_pipeline.stages.postprocess import softmax
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"

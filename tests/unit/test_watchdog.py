@@ -6,7 +6,7 @@ import numpy as np
 import tritonclient.http as tc
 
 from bls_pipeline.runtime.modelconfig import parse_config
-from bls_pipeline.watchdog import _probe_inputs, dead_stub_model
+from bls_pipeline.serve.watchdog import _probe_inputs, dead_stub_model
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

@@ -14,10 +14,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runtime.loader import declared_models, is_flow_model
-from .runtime.modelconfig import ModelConfig, parse_config, string_parameters
+from ..runtime.loader import declared_models, is_flow_model
+from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
-__all__ = ["LoadPlan", "Repository", "drain_stages", "plan_loading"]
+__all__ = ["LoadPlan", "Repository", "drain_stages", "export_hint", "plan_loading"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
     return ()
 
 
-def export_hint(model: str) -> str:
-    """The command that builds `model`'s artifact, for this Python (copy it as it is)."""
+def export_hint(model: str, weights: str | None = None) -> str:
+    """The command that builds `model`'s artifact, for this Python (copy it as it is);
+    `weights` picks them (e.g. "random" for a benchmark), else the export's default."""
     family = model.rsplit("_", 1)[0] if model.endswith(("_onnx", "_trt")) else model
     python = shlex.quote(sys.executable)
     if model.endswith("_trt"):
@@ -76,8 +77,11 @@ def export_hint(model: str) -> str:
     target = EXPORTS.get(family)
     if target is None:
         return f"export it to {model}/1 (engine_build knows only {', '.join(EXPORTS)})"
-    weights = "" if target.default_weights else " --weights imagenet   (or a .pth file; 'random' for tests)"
-    return f"{python} -m engine_build export --model {family}{weights}"
+    if weights:
+        choice = f" --weights {weights}"
+    else:
+        choice = "" if target.default_weights else " --weights imagenet   (or a .pth file; 'random' for tests)"
+    return f"{python} -m engine_build export --model {family}{choice}"
 
 
 def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> str | None:

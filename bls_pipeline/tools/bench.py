@@ -24,15 +24,16 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from .client import tritonclient_module
-from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
-from .decode import DecodePolicy, decode
-from .preprocess import PreprocessSpec, preprocess_into
-from .runtime.modelconfig import config_variant
+from ..serve.client import tritonclient_module
+from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
+from ..stages.decode import DecodePolicy, decode
+from ..stages.preprocess import PreprocessSpec, preprocess_into
+from ..runtime.modelconfig import config_variant
+from ..serve.repository import export_hint
+from .paths import checkout, default_models, default_samples, shared_mug
 
 __all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 
-REPO = Path(__file__).resolve().parent.parent
 CLASSIFIER = "resnet50_onnx"
 TARGETS = ("classifier", "classify_bls", "ensemble_resnet50")
 # Cascade variants (efficientnet_lite0 first, unsure images to resnet50) at two thresholds.
@@ -316,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="use a running server (its own config) instead of starting one")
-    p.add_argument("--model-repository", type=Path, default=REPO / "models")
+    p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
+    p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (default: the checkout's samples/)")
     p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
-    p.add_argument("--out", type=Path, default=REPO / "bench_results")
+    p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results")
     args = p.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     targets = [t for t in args.targets.split(",") if t]
@@ -326,12 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))}")
 
-    samples = sorted((REPO / "samples").glob("*.jpg"))
+    if args.model_repository is None or args.images is None:
+        p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
+    samples = sorted(args.images.glob("*.jpg"))
     images = make_image_set(samples)
     tensors = tensor_set(images)
-    big = REPO.parent / "shared" / "images" / "mug.jpg"
-    big_bytes = big.read_bytes() if big.exists() else _synthetic_12mp(samples[0])
-    prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big.exists() else "12MP JPEG (synthetic 4000x3000)": big_bytes})
+    big = shared_mug()
+    big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
+    prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
     top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
 
     points: list[Point] = []
@@ -342,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             url = args.url
         else:
-            from .server import ServerOptions, TritonServer
+            from ..serve.server import ServerOptions, TritonServer
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
@@ -352,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             missing = server.not_loaded(tuple(sorted({_model(t) for t in targets})))
             if missing:
                 p.error(f"cannot benchmark without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
-                        "python -m engine_build export --weights random")
+                        + export_hint("resnet50_onnx", weights="random"))
             url = server.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.

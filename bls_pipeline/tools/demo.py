@@ -12,11 +12,12 @@ import logging
 import sys
 from pathlib import Path
 
-from .client import classify_files, find_images, format_table
-from .server import ServerOptions, TritonServer
+from ..serve.client import classify_files, find_images, format_table
+from ..serve.server import ServerOptions, TritonServer
+from ..serve.repository import export_hint
+from .paths import default_models, default_samples
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parent.parent
 FLOWS = ("classify_bls", "triage_bls")
 
 
@@ -57,7 +58,7 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
             say(f"NOTE: {exc}.\n"
                 "NOTE: resnet50 is NOT served: classify_bls answers with efficientnet_lite0 alone, and images it is\n"
                 "      unsure about show ROUTE efficientnet_lite0_onnx:degraded instead of being escalated.\n"
-                "      To add resnet50: python -m engine_build export --weights /path/to/resnet50.pth")
+                f"      To add resnet50: {export_hint('resnet50_onnx', weights='/path/to/resnet50.pth')}")
             return {"resnet50_onnx": "no ImageNet weights here"}
     weights = _weights(repo, "resnet50_onnx")
     if weights == "random":
@@ -70,10 +71,14 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bls-demo", description=__doc__.splitlines()[0])
-    p.add_argument("images", nargs="*", default=[str(REPO / "samples")], help="files or folders (default: samples/)")
-    p.add_argument("--model-repository", type=Path, default=REPO / "models")
+    samples = default_samples()
+    p.add_argument("images", nargs="*", default=[str(samples)] if samples else [],
+                   help="files or folders (default: the checkout's samples/)")
+    p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
     p.add_argument("--topk", type=int, default=3)
     args = p.parse_args(argv)
+    if args.model_repository is None or not args.images:
+        p.error("give --model-repository DIR and image files or folders (no checkout's models/ and samples/ here)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     repo = Path(args.model_repository)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 
 __all__ = ["ClassifyClient", "FileResult", "find_images", "main", "tritonclient_module"]
 

@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .client import tritonclient_module
-from .contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE
-from .runtime.modelconfig import config_variant, parse_config
+from ..serve.client import tritonclient_module
+from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE
+from ..runtime.modelconfig import config_variant, parse_config
 
 __all__ = ["PATHS", "main", "measure", "probe_repository"]
 
-PROBES = Path(__file__).resolve().parent / "data" / "probe_models"
+PROBES = Path(__file__).resolve().parent / "probe_models"
 PATHS = {"direct": "probe_classifier", "stub": "probe_stub", "bls": "probe_bls", "ensemble": "probe_ensemble"}
 IMAGE_BYTES = 100_000  # about a 500x375 JPEG
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     args = p.parse_args(argv)
 
-    from .server import ServerOptions, TritonServer
+    from ..serve.server import ServerOptions, TritonServer
 
     workdir = Path(tempfile.mkdtemp(prefix="bls-overhead-"))
     try:

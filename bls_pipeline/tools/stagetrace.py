@@ -27,6 +27,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..serve.repository import export_hint
+from .paths import default_models, default_samples
+
 __all__ = ["PATHS", "install", "main", "report", "segments", "trace", "traced", "traced_repository"]
 
 PATHS = {"direct": "classifier", "classify_bls": "classify_bls"}  # path -> bls-bench target
@@ -36,7 +39,7 @@ SEND, RECEIPT = "client send", "client receipt"
 _WRAPPER = '''"""bls-trace: {original} with stage stamps (bls_pipeline/stagetrace.py)."""
 import importlib.util
 
-from bls_pipeline import stagetrace
+from bls_pipeline.tools import stagetrace
 
 stagetrace.install({trace_dir!r}, {model!r})
 _spec = importlib.util.spec_from_file_location("traced_model", {original!r})
@@ -57,11 +60,11 @@ def _stamp(name: str) -> None:
 def install(trace_dir: str, model: str) -> None:
     """Stamp every runtime stage in this process (its stage hook)."""
     global _out, _model
-    from .runtime import stages
+    from ..runtime import hooks
 
     _out = open(Path(trace_dir) / f"{os.getpid()}.txt", "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the stub
     _model = model
-    stages.listen(lambda name, edge: _stamp(f"{name} {edge}"))
+    hooks.listen(lambda name, edge: _stamp(f"{name} {edge}"))
 
 
 def traced(model_class: type) -> type:
@@ -94,14 +97,15 @@ def traced_repository(src: Path, dst: Path) -> tuple[Path, Path]:
     return repo, stamps
 
 
-def trace(url: str, stamps: Path, requests: int, warmup: int, protocol: str = "grpc") -> dict[str, list[dict[str, int]]]:
+def trace(url: str, stamps: Path, requests: int, warmup: int, protocol: str = "grpc",
+          images_dir: Path | None = None) -> dict[str, list[dict[str, int]]]:
     """Send `warmup` + `requests` requests per path, alternating; per path, one
     {stamp: ns} dict per measured request, the client's send and receipt included."""
-    from .bench import REPO, build_request, make_image_set, tensor_set
-    from .client import tritonclient_module
+    from ..serve.client import tritonclient_module
+    from .bench import build_request, make_image_set, tensor_set
 
     tc = tritonclient_module(protocol)
-    images = make_image_set(sorted((REPO / "samples").glob("*.jpg")))
+    images = make_image_set(sorted(Path(images_dir or default_samples()).glob("*.jpg")))
     payloads = {"direct": tensor_set(images), "classify_bls": images}
     client = tc.InferenceServerClient(url)
     calls = {path: [build_request(tc, target, p) for p in payloads[path]] for path, target in PATHS.items()}
@@ -161,15 +165,18 @@ def report(traces: dict[str, list[dict[str, int]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .server import ServerOptions, TritonServer
+    from ..serve.server import ServerOptions, TritonServer
 
     p = argparse.ArgumentParser(prog="bls-trace", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=300, help="measured requests per path")
     p.add_argument("--warmup", type=int, default=30, help="requests per path before measuring")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    p.add_argument("--model-repository", type=Path, default=Path(__file__).resolve().parent.parent / "models",
-                   help="its resnet50_onnx needs an exported model.onnx (random weights will do)")
+    p.add_argument("--model-repository", type=Path, default=default_models(),
+                   help="default: ./models or the checkout's; its resnet50_onnx needs an exported model.onnx (random weights will do)")
+    p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (default: the checkout's samples/)")
     args = p.parse_args(argv)
+    if args.model_repository is None or args.images is None:
+        p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     workdir = Path(tempfile.mkdtemp(prefix="bls-trace-"))
     try:
         repo, stamps = traced_repository(args.model_repository, workdir)
@@ -179,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             missing = server.not_loaded(TRACED_MODELS)
             if missing:
                 p.error(f"cannot trace without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
-                        "python -m engine_build export --weights random")
-            traces = trace(server.url(args.protocol), stamps, args.requests, args.warmup, args.protocol)
+                        + export_hint("resnet50_onnx", weights="random"))
+            traces = trace(server.url(args.protocol), stamps, args.requests, args.warmup, args.protocol, args.images)
         finally:
             server.stop()
         print(report(traces))

@@ -1,0 +1,65 @@
+"""What goes into the runtime and what comes out: one request, its answer or its error,
+and what one execute() did (for the metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["ChildStats", "ImageRequest", "Prediction", "RequestError", "Timings"]
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One client request: its encoded images and its optional TOPK."""
+
+    images: Sequence[bytes]
+    # TOPK as sent: one value per image (a batched input), all equal; or None for the default
+    topk: int | tuple[int, ...] | None = None
+
+    @property
+    def k(self) -> int | None:
+        if self.topk is None or isinstance(self.topk, int):
+            return self.topk
+        return self.topk[0] if self.topk else None
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why one request failed; `message` is safe to send to the client."""
+
+    message: str
+    # short tag for metrics: decode reasons, "bad_request", "too_large", "classifier" (no
+    # model could answer: UNAVAILABLE), "flow" (the flow itself failed: INTERNAL)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    labels: np.ndarray  # (n, k) object (bytes "score:index:label"; b"" for a row that ended early)
+    scores: np.ndarray  # (n, k) float32
+    class_ids: np.ndarray  # (n, k) int32
+    routes: np.ndarray  # (n, 1) object (bytes "model:branch", or the flow's own ROUTE)
+
+
+@dataclass
+class ChildStats:
+    calls: int = 0
+    images: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Timings:
+    """What one run did: seconds per stage, images per route, rejections per reason, calls per child."""
+
+    decode_preprocess: float = 0.0
+    classify: float = 0.0  # the flow: its child calls and its own logic
+    routes: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    children: dict[str, ChildStats] = field(default_factory=dict)
+
+    def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
