@@ -1,11 +1,13 @@
 """Encoded bytes -> upright RGB PIL image, ready for the resize in preprocess.py.
 
 Contract: `decode(data, policy)` returns an RGB `PIL.Image.Image` or raises
-`ImageError` with a message fit to send to a client (no paths, no traceback).
+`ImageError` with a message fit to send to a client (no paths, no traceback). `data` is
+the encoded image, or that image as base64 text (from clients that can only send JSON).
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import re
 import struct
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["DecodePolicy", "ImageError", "decode"]
+__all__ = ["DecodePolicy", "ImageError", "decode", "from_base64"]
 
 # Formats a client may send. Anything else Pillow can open (EPS, PSD, ICO...) is refused:
 # every extra plugin is extra attack surface for no classification value.
@@ -46,6 +48,40 @@ def decode(data: bytes, policy: DecodePolicy = DecodePolicy()) -> Image.Image:
         raise ImageError("empty", "empty image payload (0 bytes)")
     if len(data) > policy.max_bytes:
         raise ImageError("too_large", f"image payload is {len(data)} bytes, over the {policy.max_bytes}-byte limit")
+    text = from_base64(data)
+    if text is None:
+        return _decode_binary(data, policy)
+    try:
+        return _decode_binary(text, policy)
+    except ImageError as exc:
+        raise ImageError(exc.reason, f"{exc} (in the base64 text sent)") from None
+
+
+# A client that can only send text (KServe v2 JSON, curl) sends the image as base64, plain
+# or as a data URI. Binary images never look like that: every format's first bytes fall
+# outside the base64 alphabet (JPEG 0xFF, PNG 0x89, GIF/WebP/TIFF/BMP binary header fields).
+_DATA_URI = re.compile(rb"data:image/[A-Za-z0-9.+-]+;base64,")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]+={0,2}")
+_WHITESPACE = re.compile(rb"\s+")
+
+
+def from_base64(data: bytes) -> bytes | None:
+    """The bytes inside base64 text (plain, or a `data:image/...;base64,` URI), or None when
+    `data` is not base64 text. Strict: the whole payload must be base64 (whitespace aside),
+    so a binary image never takes this path, and what it decodes to is then decoded as
+    any image is, with the same errors."""
+    uri = _DATA_URI.match(data)
+    if not uri and not _BASE64.fullmatch(_WHITESPACE.sub(b"", data[:64]).rstrip(b"=") or b"="):
+        return None  # a binary image: its first bytes are not base64 (the common case, checked cheaply)
+    body = _WHITESPACE.sub(b"", data[uri.end():] if uri else data)
+    if len(body) % 4 or len(body) < 8 or not _BASE64.fullmatch(body):
+        if uri:
+            raise ImageError("corrupt", "the data URI's payload is not valid base64")
+        return None
+    return base64.b64decode(body, validate=True)
+
+
+def _decode_binary(data: bytes, policy: DecodePolicy) -> Image.Image:
     try:
         with warnings.catch_warnings():
             # Pillow warns (and only warns) between MAX_IMAGE_PIXELS and 2x; we check size ourselves.
