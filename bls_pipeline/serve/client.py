@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 
-__all__ = ["ClassifyClient", "FileResult", "find_images", "main", "tritonclient_module"]
+__all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "main", "tritonclient_module"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
@@ -81,16 +81,38 @@ def _message(exc: Exception) -> str:
     return msg() if callable(msg) else str(exc)
 
 
-def find_images(paths: list[str]) -> list[Path]:
+def find_images(paths: list[str], skipped: list[Path] | None = None) -> list[Path]:
+    """Files named, and the image files (by extension) in folders named; the other files of
+    those folders go to `skipped`, so the caller can say what it left out."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+            files = sorted(f for f in p.rglob("*") if f.is_file())
+            found += [f for f in files if f.suffix.lower() in IMAGE_SUFFIXES]
+            if skipped is not None:
+                skipped += [f for f in files if f.suffix.lower() not in IMAGE_SUFFIXES]
         elif p.exists():
             found.append(p)
         else:
             raise FileNotFoundError(f"no such file or directory: {p}")
     return found
+
+
+def check_server(url: str, protocol: str, model: str) -> str | None:
+    """Why `model` cannot be asked at `url` (no server there, model not ready), or None."""
+    tc = tritonclient_module(protocol)
+    try:
+        client = tc.InferenceServerClient(url)
+        try:
+            if not client.is_server_live():
+                return f"the server at {url} ({protocol}) is not live"
+            if not client.is_model_ready(model):
+                return f"model {model} is not ready on the server at {url} ({protocol}): is it in that model repository, and loaded?"
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, a gRPC port spoken to over HTTP...
+        return f"cannot reach a Triton server at {url} ({protocol}): {_message(exc).splitlines()[0]}; is bls-serve running there?"
+    return None
 
 
 def classify_files(url: str, protocol: str, files: list[Path], topk: int | None, concurrency: int,
@@ -134,24 +156,42 @@ def format_table(results: list[FileResult]) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bls-classify", description="Classify image files with classify_bls on a Triton server.")
+    p = argparse.ArgumentParser(prog="bls-classify", description="Classify image files with a flow model on a Triton server.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR")
+    p.add_argument("--model", default=BLS_MODEL, help="any flow model (IMAGE in, LABELS and ROUTE out)")
     p.add_argument("--url", default=None, help="server address (default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    p.add_argument("--topk", type=int, default=None, help="labels per image (default: the model's default_topk)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    p.add_argument("--topk", type=_positive, default=None, help="labels per image (default: the model's default_topk)")
+    p.add_argument("--concurrency", type=_positive, default=8, help="requests in flight")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
+    skipped: list[Path] = []
     try:
-        files = find_images(args.paths)
+        files = find_images(args.paths, skipped)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"bls-classify: error: {exc}", file=sys.stderr)
         return 2
+    if skipped:
+        names = ", ".join(f.name for f in skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        print(f"bls-classify: skipped {len(skipped)} file(s) whose extension is not an image's "
+              f"({', '.join(sorted(IMAGE_SUFFIXES))}): {names}", file=sys.stderr)
     if not files:
-        print("error: no image files found", file=sys.stderr)
+        print("bls-classify: error: no image files found", file=sys.stderr)
         return 2
-    results = classify_files(url, args.protocol, files, args.topk, args.concurrency)
+    problem = check_server(url, args.protocol, args.model)
+    if problem:
+        print(f"bls-classify: error: {problem}", file=sys.stderr)
+        return 2
+    results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model)
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
     return 1 if any(r.error for r in results) else 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import repository
+from .paths import default_models
 from .watchdog import Watchdog
 
 __all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
@@ -100,6 +101,8 @@ class TritonServer:
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
         self.repository: repository.Repository | None = None
+        self._plan: repository.LoadPlan | None = None
+        self._binary: _Binary | None = None
         self.watchdog: Watchdog | None = None
         self.last_stop: StopReport | None = None
 
@@ -138,19 +141,31 @@ class TritonServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def plan(self) -> repository.LoadPlan:
+        """What start() will load and what it will skip (with why), without starting anything:
+        a tool checks it has the models it needs before it waits for a server."""
+        if self._plan is None:
+            repo = Path(self.options.model_repository).resolve()
+            if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
+                raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
+            self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
+            self._binary = _find_binary(self._workdir)
+            self.repository = repository.Repository.read(repo)
+            self._plan = repository.plan_loading(self.repository, _available_backends(self._binary),
+                                                 only=self.options.models, exclude=self.options.exclude)
+            self.loaded, self.skipped = self._plan.load, self._plan.skipped
+        return self._plan
+
     def start(self) -> None:
         opts = self.options
         repo = Path(opts.model_repository).resolve()
-        self._workdir = Path(tempfile.mkdtemp(prefix="bls-triton-"))
-        binary = _find_binary(self._workdir)
-        available = _available_backends(binary)
-        self.repository = repository.Repository.read(repo)
-        plan = repository.plan_loading(self.repository, available, only=opts.models, exclude=opts.exclude)
-        self.loaded, self.skipped = plan.load, plan.skipped
+        plan = self.plan()
+        binary = self._binary
         for name, why in plan.skipped.items():
             log.warning("not loading %s: %s", name, why)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
+        _check_ports_free(opts)
 
         cmd = [
             str(binary.executable),
@@ -187,6 +202,7 @@ class TritonServer:
         )
         try:
             self.wait_ready(plan.load, opts.startup_timeout_s)
+            self._check_it_is_ours()
         except BaseException:
             self.stop()
             raise
@@ -207,10 +223,20 @@ class TritonServer:
             if pending:
                 time.sleep(0.25)
 
+    def _check_it_is_ours(self) -> None:
+        """The server that answered the readiness poll is the one started here: only it knows
+        this run's admin key (another server on the same port would refuse it)."""
+        try:
+            self._states()
+        except (urllib.error.URLError, OSError) as exc:
+            raise RuntimeError(f"the server answering on {self.http_url} is not the one started here ({exc}): "
+                               "is another server using that port?") from None
+
     def not_loaded(self, models: tuple[str, ...]) -> dict[str, str]:
-        """Those of `models` this server did not load, each with the reason (for a tool that
+        """Those of `models` this server will not load, each with the reason (for a tool that
         needs them to say so before it starts, not fail on its first request)."""
-        return {m: self.skipped.get(m, "not loaded") for m in models if m not in self.loaded}
+        plan = self.plan()
+        return {m: plan.skipped.get(m, "not loaded") for m in models if m not in plan.load}
 
     def is_model_ready(self, model: str) -> bool:
         try:
@@ -295,7 +321,7 @@ class TritonServer:
             self._log_handle = None
         if self._workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+            self._workdir, self._binary, self._plan = None, None, None
         return code
 
     def _report_hang(self, pid: int, drained: bool) -> None:
@@ -322,6 +348,19 @@ class TritonServer:
         lines = Path(path).read_text(errors="replace").splitlines()
         errors = [ln for ln in lines if ln.startswith("E") or ln.startswith("error:")][-15:]
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
+
+
+def _check_ports_free(opts: ServerOptions) -> None:
+    """Fail at once, naming the port, when something already listens there (another Triton
+    would otherwise answer our readiness poll and we would serve nothing)."""
+    for what, port in (("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)):
+        with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds: a listener is a clash, TIME_WAIT is not
+            try:
+                s.bind((opts.host, port))
+            except OSError as exc:
+                raise RuntimeError(f"{what} port {port} on {opts.host} is taken ({exc.strerror}): stop what uses it, "
+                                   f"or pick another with --{what.lower()}-port") from None
 
 
 def _has_gpu() -> bool:
@@ -384,18 +423,22 @@ def _available_backends(binary: _Binary) -> set[str]:
 
 # ---- bls-serve ----------------------------------------------------------------------
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bls-serve", description="Serve models/ with a local tritonserver (no Docker needed).")
-    p.add_argument("--model-repository", type=Path, default=Path("models"))
-    p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (default: loopback only)")
+    p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model-repository", type=Path, default=default_models(), help="./models, else the checkout's")
+    p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--models", help="comma-separated models to load (default: all whose parts are present)")
-    p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random)")
+    p.add_argument("--models", help="comma-separated models to load, with the models they call (default: all whose parts are present)")
+    p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random per run)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.model_repository is None:
+        p.error("no ./models here and no checkout's models/: pass --model-repository DIR")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(opts)
     try:
         server.start()
+    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix
+        server.stop()
+        print(f"bls-serve: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         print(f"Serving {', '.join(server.loaded)} from {Path(opts.model_repository).resolve()}")
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")

@@ -28,9 +28,10 @@ from ..serve.client import tritonclient_module
 from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
+from ..runtime.loader import is_flow_model
 from ..runtime.modelconfig import config_variant
 from ..serve.repository import export_hint
-from .paths import checkout, default_models, default_samples, shared_mug
+from ..serve.paths import checkout, default_models, default_samples, shared_mug
 
 __all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep")
     p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
-    p.add_argument("--targets", default=",".join(TARGETS), help=f"any of {', '.join(TARGETS + tuple(CASCADES))}")
+    p.add_argument("--targets", default=",".join(TARGETS),
+                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, or any flow model in the repository (as it is configured)")
     p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="use a running server (its own config) instead of starting one")
@@ -324,40 +326,39 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     targets = [t for t in args.targets.split(",") if t]
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES))
-    if bad:
-        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))}")
-
     if args.model_repository is None or args.images is None:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
-    samples = sorted(args.images.glob("*.jpg"))
-    images = make_image_set(samples)
-    tensors = tensor_set(images)
-    big = shared_mug()
-    big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
-    prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
-    top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
-
+    flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows))
+    if bad:
+        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
     points: list[Point] = []
     runs: dict[tuple[str, int], list[Point]] = {}
     server = None
     workdir = None
     try:
-        if args.url:
-            url = args.url
-        else:
+        if not args.url:
             from ..serve.server import ServerOptions, TritonServer
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches)
-            server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log"))
-            server.start()
-            missing = server.not_loaded(tuple(sorted({_model(t) for t in targets})))
+            needed = tuple(sorted({_model(t) for t in targets}))
+            server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
+            missing = server.not_loaded(needed)  # before any work
             if missing:
                 p.error(f"cannot benchmark without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
                         + export_hint("resnet50_onnx", weights="random"))
-            url = server.url(args.protocol)
+        samples = sorted(args.images.glob("*.jpg"))
+        images = make_image_set(samples)
+        tensors = tensor_set(images)
+        big = shared_mug()
+        big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
+        prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
+        top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
+        if server is not None:
+            server.start()
+        url = args.url or server.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.
         grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]

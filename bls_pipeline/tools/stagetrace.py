@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..serve.repository import export_hint
-from .paths import default_models, default_samples
+from ..serve.paths import default_models, default_samples
 
 __all__ = ["PATHS", "install", "main", "report", "segments", "trace", "traced", "traced_repository"]
 
@@ -181,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         repo, stamps = traced_repository(args.model_repository, workdir)
         server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=TRACED_MODELS))
-        server.start()
         try:
-            missing = server.not_loaded(TRACED_MODELS)
+            missing = server.not_loaded(TRACED_MODELS)  # before starting it
             if missing:
                 p.error(f"cannot trace without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
                         + export_hint("resnet50_onnx", weights="random"))
+            server.start()
             traces = trace(server.url(args.protocol), stamps, args.requests, args.warmup, args.protocol, args.images)
         finally:
             server.stop()

@@ -1,4 +1,4 @@
-"""Where the tools find a model repository and photos: given on the command line, else the
+"""Where bls-serve and the tools find a model repository and photos: given on the command line, else the
 source checkout's models/ and samples/ when the package runs from one."""
 
 from __future__ import annotations
