@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import math
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFile
 
 from bls_pipeline.stages.decode import DecodePolicy, ImageError, decode
 
@@ -270,9 +271,52 @@ def test_png_with_corrupted_image_data(encode, noise_image):
     assert _decode_error(bytes(data)).reason == "corrupt"
 
 
-def test_decompression_bomb_header_is_refused(encode):
+def _jpeg_with_size(encode, width: int, height: int) -> bytes:
+    """A small JPEG whose SOF0 header claims width x height (its scan is still 8x8's)."""
+    data = bytearray(encode(Image.new("RGB", (8, 8), RED), "JPEG"))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+@pytest.fixture
+def no_pixel_decoding(monkeypatch) -> list:
+    """Fails any pixel decoding (ImageFile.load); the list records the attempts."""
+    attempts = []
+
+    def load(self):
+        attempts.append(self.format)
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    return attempts
+
+
+def test_decompression_bomb_over_pillows_own_limit_is_refused(encode):
     err = _decode_error(_png_with_size(encode, 50_000, 50_000))
     assert err.reason == "too_many_pixels"
+    assert str(err) == f"image declares more than {DecodePolicy().max_pixels} pixels"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_header_over_max_pixels_is_refused_before_any_pixel_is_decoded(encode, no_pixel_decoding, fmt):
+    """Over our max_pixels, under Pillow's own limit (so Pillow neither warns nor refuses):
+    only our header check can answer, and it does before decoding."""
+    limit = DecodePolicy().max_pixels
+    side = math.isqrt(limit) + 1
+    assert limit < side * side < Image.MAX_IMAGE_PIXELS
+    data = (_png_with_size if fmt == "PNG" else _jpeg_with_size)(encode, side, side)
+    assert Image.open(io.BytesIO(data)).size == (side, side)  # the header is all that lies
+    err = _decode_error(data)
+    assert err.reason == "too_many_pixels"
+    assert str(err) == f"image is {side}x{side} = {side * side} pixels, over the {limit}-pixel limit"
+    assert no_pixel_decoding == []
+
+
+def test_a_header_within_max_pixels_is_decoded(encode, no_pixel_decoding):
+    """The stand-in above does catch decoding: the same image under the limit reaches it."""
+    err = _decode_error(_png_with_size(encode, 100, 100))
+    assert err.reason == "corrupt" and no_pixel_decoding == ["PNG"]
 
 
 def test_policy_pixel_limit(encode):
