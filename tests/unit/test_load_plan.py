@@ -1,0 +1,50 @@
+"""What the launcher skips, and why, on a machine with and without TensorRT: both answers
+are checked on every machine (no server starts; the backends are given)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.serve.repository import export_hint, plan_loading
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+TRT = ("efficientnet_lite0_trt", "resnet50_trt")
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """models/ as shipped with a (fake) ONNX for every *_onnx model, and no TensorRT plan."""
+    dst = tmp_path / "models"
+    shutil.copytree(MODELS, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
+    for onnx in dst.glob("*_onnx"):
+        (onnx / "1" / "model.onnx").write_bytes(b"")
+    return dst
+
+
+def test_without_a_tensorrt_backend_the_plans_are_skipped_for_that(repo):
+    plan = plan_loading(repo, {"python"}, only=TRT)
+    assert plan.load == ()
+    assert plan.skipped == {name: "this tritonserver has no TensorRT backend" for name in TRT}
+
+
+def test_with_tensorrt_a_missing_plan_says_how_to_build_it(repo):
+    plan = plan_loading(repo, {"python", "tensorrt"}, only=TRT)
+    assert plan.load == ()
+    assert plan.skipped == {name: f"{name}/1/model.plan is missing: build it with {export_hint(name)}" for name in TRT}
+    assert export_hint("resnet50_trt").endswith(" -m engine_build trt --model resnet50 --fp16 (needs TensorRT and a GPU)")
+
+
+def test_with_tensorrt_and_a_plan_the_model_loads(repo):
+    (repo / "resnet50_trt" / "1" / "model.plan").write_bytes(b"")
+    plan = plan_loading(repo, {"python", "tensorrt"}, only=TRT)
+    assert plan.load == ("resnet50_trt",) and set(plan.skipped) == {"efficientnet_lite0_trt"}
+
+
+def test_the_shipped_flows_load_the_same_cpu_models_either_way(repo):
+    cpu = ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
+    for backends in ({"python"}, {"python", "tensorrt"}):
+        plan = plan_loading(repo, backends, only=("classify_bls",))
+        assert plan.load == cpu and set(plan.skipped) == set(TRT), backends
