@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import resource
-import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,20 +84,34 @@ def test_matches_torchvision_on_portrait_photos(noise_image, size):
     _assert_matches_torchvision(noise_image(*size, seed=11), IMAGENET, IMAGENET_REFERENCE)
 
 
+def _vm_kib(field: str) -> int:
+    line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(f"{field}:"))
+    return int(line.split()[1])
+
+
+def _peak_growth_mib(fn):
+    """fn()'s result and how far it raised this process's peak resident memory (MiB). The
+    peak (VmHWM) is first reset to the current RSS (Linux: clear_refs "5"), so what earlier
+    tests allocated cannot hide a spike."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError as exc:
+        pytest.skip(f"cannot reset this process's peak RSS here: {exc}")
+    base = _vm_kib("VmHWM")
+    out = fn()
+    return out, (_vm_kib("VmHWM") - base) / 1024
+
+
 @pytest.mark.parametrize("size", [(1, 20000), (20000, 1)], ids=["1x20000", "20000x1"])
 def test_sliver_is_cheap_and_finite(smooth_image, size):
     img = smooth_image(*size)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    start = time.perf_counter()
-    out = _ours(img)
-    elapsed = time.perf_counter() - start
-    rss_growth_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    out, peak_growth_mib = _peak_growth_mib(lambda: _ours(img))
 
     assert out.shape == (3, 224, 224)
     assert np.isfinite(out).all()
-    # A full Resize(256) would be 256 x 5,120,000 pixels (~5 GB): seconds and gigabytes.
-    assert elapsed < 1.0, f"took {elapsed:.2f}s"
-    assert rss_growth_mib < 256, f"peak memory grew by {rss_growth_mib:.0f} MiB"
+    # A full Resize(256) would be 256 x 5,120,000 pixels, and the column-cropped one 224 x
+    # 5,120,000 (3.4 GB): resampling the crop box only stays within a few MiB.
+    assert peak_growth_mib < 64, f"peak memory grew by {peak_growth_mib:.0f} MiB"
     # The one-pixel axis is stretched: every output line along it is constant.
     axis = 2 if size[0] == 1 else 1
     assert np.ptp(out, axis=axis).max() < 1e-6
