@@ -2,7 +2,8 @@
 
 The copy gets a freshly exported random-weight resnet50 ONNX (seeded), efficientnet_lite0
 exported with its shipped ImageNet weights, and variants of classify_bls's config (same
-code, other parameters): see model_repo.
+code, other parameters): see model_repo. Tests that only need a server use `server` (one
+per session); only tests that break or stop a server start their own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.runtime.modelconfig import config_variant
+from google.protobuf import text_format
+
+from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.server import ServerOptions, TritonServer
 
 pytestmark = pytest.mark.integration
@@ -22,9 +25,15 @@ def _copy_repo(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
 
 
-def _variant(repo: Path, base: str, name: str, params: dict[str, str]) -> None:
+def _variant(repo: Path, base: str, name: str, params: dict[str, str], instances: int | None = None,
+             queue_delay_us: int | None = None) -> None:
     shutil.copytree(repo / base, repo / name)
-    (repo / name / "config.pbtxt").write_text(config_variant(repo / base, name, params))
+    config = text_format.Parse(config_variant(repo / base, name, params), ModelConfig())
+    if instances is not None:
+        config.instance_group[0].count = instances
+    if queue_delay_us is not None:
+        config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+    (repo / name / "config.pbtxt").write_text(text_format.MessageToString(config))
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +50,17 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
     _variant(repo, "classify_bls", "classify_bls_failover", {"cascade_classifiers": "none", "tta_threshold": "0",
                                                               "classifiers": "resnet50_onnx,efficientnet_lite0_onnx",
                                                               "route_recheck_s": "1"})
-    # The cascade with a threshold high enough that some sample photos escalate.
-    _variant(repo, "classify_bls", "classify_bls_cascade_strict", {"cascade_threshold": "0.9"})
+    # The cascade as bls-bench's cascade@0.5 target makes it (no flip pass): the cat photo
+    # (~0.4 on efficientnet_lite0) escalates to resnet50, the mug, espresso and tripod do not.
+    _variant(repo, "classify_bls", "classify_bls_cascade_05", {"cascade_threshold": "0.5", "tta_threshold": "0"})
+    # The cascade whose main classifier never loads here (no plan is copied): unsure images
+    # keep the cheap answer, ROUTE ...:degraded.
+    _variant(repo, "classify_bls", "classify_bls_degraded", {"classifiers": "resnet50_trt"}, instances=1)
+    # One instance, resnet50 alone, no flip pass: each execute() makes exactly one child call,
+    # so resnet50_onnx's execution count is the flow's child-call count (the batching test).
+    _variant(repo, "classify_bls", "classify_bls_one_instance",
+             {"cascade_classifiers": "none", "classifiers": "resnet50_onnx", "tta_threshold": "0"},
+             instances=1, queue_delay_us=100_000)
     return repo
 
 

@@ -1,5 +1,5 @@
 """The shipped classify_bls config: cheap classifier with real weights first, unsure images
-escalated to resnet50, degraded route when resnet50 is absent."""
+escalated to resnet50, degraded route when the main classifier is absent."""
 
 from __future__ import annotations
 
@@ -27,23 +27,26 @@ def test_full_size_mug_is_a_coffee_mug(server, shared_mug):
     assert out["LABELS"][0, 0].decode().endswith(":504:coffee mug")
 
 
-def test_strict_threshold_escalates_only_the_unsure_images(server, sample_images):
-    """cascade_threshold 0.9: the cat photo (~0.4 on efficientnet) goes to resnet50; the
-    espresso (~0.96) stays with the cheap model."""
-    client = ClassifyClient(server.http_url, "http", model="classify_bls_cascade_strict")
-    out = client.classify([sample_images["coffee"], sample_images["chelsea"]], topk=1)
+def test_the_cascade_escalates_only_the_unsure_images(server, sample_images):
+    """The espresso (~0.95 on efficientnet) stays with the cheap model; the cat photo (~0.4,
+    under cascade_threshold 0.5) goes to resnet50."""
+    client = ClassifyClient(server.http_url, "http", model="classify_bls_cascade_05")
+    try:
+        out = client.classify([sample_images["coffee"], sample_images["chelsea"]], topk=1)
+    finally:
+        client.close()
     assert [r.decode() for r in out["ROUTE"][:, 0]] == [f"{CHEAP}:confident", f"{MAIN}:escalated"]
     assert out["CLASS_IDS"][0, 0] == 967
 
 
-def test_degraded_route_without_resnet50(model_repo, tmp_path, server_factory, sample_images):
-    srv = server_factory(model_repo, tmp_path, models=("classify_bls_cascade_strict",),
-                         exclude={MAIN: "this test serves without resnet50"})
+def test_degraded_route_without_the_main_classifier(server, sample_images):
+    """classify_bls_degraded's main classifier (resnet50_trt) never loads in the test
+    repository: the unsure image keeps the cheap model's answer."""
+    assert "resnet50_trt" in server.skipped
+    client = ClassifyClient(server.http_url, "http", model="classify_bls_degraded")
     try:
-        client = ClassifyClient(srv.http_url, "http", model="classify_bls_cascade_strict")
         out = client.classify([sample_images["coffee"], sample_images["chelsea"]], topk=1)
-        assert [r.decode() for r in out["ROUTE"][:, 0]] == [f"{CHEAP}:confident", f"{CHEAP}:degraded"]
-        assert out["CLASS_IDS"][1, 0] in (281, 282, 285)  # still the cheap model's cat
-        client.close()
     finally:
-        srv.stop()
+        client.close()
+    assert [r.decode() for r in out["ROUTE"][:, 0]] == [f"{CHEAP}:confident", f"{CHEAP}:degraded"]
+    assert out["CLASS_IDS"][1, 0] in (281, 282, 285)  # still the cheap model's cat
