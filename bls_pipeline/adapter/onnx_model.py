@@ -35,6 +35,8 @@ def onnx_model(pb_utils: Any) -> type:
                 Path(args["model_repository"]) / args["model_version"] / params["artifact"], self.inputs, self.outputs,
                 intra_op_threads=int(params.get("intra_op_threads", "0")),
                 allow_spinning=params.get("allow_spinning", "0") == "1",
+                memory_arena=params.get("memory_arena", "1") == "1",
+                prepacking=params.get("prepack_weights", "1") == "1",
             )
             freeze_startup_objects()
 

@@ -6,13 +6,34 @@ launcher (what to load, in which order to drain) and the tools all go through he
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 __all__ = ["ModelConfig", "config_variant", "data_type", "parse_config", "string_parameters"]
 
+
+def _model_config_pb2():
+    """Triton's ModelConfig protobuf module, as tritonclient ships it, imported by itself:
+    `from tritonclient.grpc import model_config_pb2` would first run tritonclient.grpc's
+    __init__, which imports grpc and the whole gRPC client, about 9 MB of private memory in
+    every python stub that reads a config. The classes are the same either way (protobuf
+    keeps one descriptor per .proto file)."""
+    if "tritonclient.grpc.model_config_pb2" in sys.modules:
+        return sys.modules["tritonclient.grpc.model_config_pb2"]
+    spec = importlib.util.find_spec("tritonclient")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("reading config.pbtxt needs tritonclient: pip install tritonclient")
+    path = Path(list(spec.submodule_search_locations)[0]) / "grpc" / "model_config_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("bls_pipeline_model_config_pb2", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+model_config_pb2 = _model_config_pb2()
 ModelConfig = model_config_pb2.ModelConfig
 
 

@@ -22,7 +22,7 @@ class OnnxModel:
     """
 
     def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], intra_op_threads: int = 0,
-                 allow_spinning: bool = False):
+                 allow_spinning: bool = False, memory_arena: bool = True, prepacking: bool = True):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -36,6 +36,13 @@ class OnnxModel:
         # Spinning worker threads burn the cores that decode/preprocess (other stubs) need.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # The arena keeps the activations of the largest batch seen, and the memory pattern
+        # plans them ahead; prepacking keeps a second, GEMM-ready copy of weights. Each buys
+        # speed with resident memory; the model's config says which it wants.
+        opts.enable_cpu_mem_arena = memory_arena
+        opts.enable_mem_pattern = memory_arena
+        if not prepacking:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
         self._session = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         names_in = sorted(i.name for i in self._session.get_inputs())
         names_out = sorted(o.name for o in self._session.get_outputs())

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 # Parameter a python model sets to name the file its version folder must hold
 # (e.g. model.onnx for resnet50_onnx); without it the model is not loaded.
 ARTIFACT_PARAMETER = "artifact"
+# Parameter that marks a model as a baseline for bls-bench (the static ensemble and its
+# steps): bls-serve leaves it out unless asked for it by name.
+BASELINE_PARAMETER = "bench_baseline"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class Repository:
             raise FileNotFoundError(f"no model repository at {root}")
         configs = {d.name: parse_config(d) for d in sorted(root.iterdir()) if (d / "config.pbtxt").is_file()}
         return cls(root, configs, {name: _callees(root / name, cfg) for name, cfg in configs.items()})
+
+    def baselines(self, asked: tuple[str, ...] | None = None) -> dict[str, str]:
+        """The models marked as benchmark baselines (bench_baseline "1") that `asked` (model
+        names, and what they call) does not need: bls-serve leaves them out, with the reason."""
+        needed = set(self.closure(asked)) if asked else set()
+        return {n: "a baseline for bls-bench: --with-baselines (or --models) loads it" for n, cfg in self.configs.items()
+                if string_parameters(cfg).get(BASELINE_PARAMETER) == "1" and n not in needed}
 
     def closure(self, names: tuple[str, ...]) -> tuple[str, ...]:
         """`names` and everything they call, directly or not (in repository order)."""

@@ -432,6 +432,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--models", help="comma-separated models to load, with the models they call (default: all whose parts are present)")
     p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random per run)")
+    p.add_argument("--with-baselines", action="store_true", help="also load the benchmark baselines (the static ensemble)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
@@ -456,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.admin_key:
         opts.admin_key = args.admin_key
+    if not args.with_baselines and args.model_repository.is_dir():
+        opts.exclude = repository.Repository.read(args.model_repository).baselines(opts.models)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
