@@ -10,10 +10,18 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.serve.repository import Repository, drain_stages, export_hint, plan_loading
-from bls_pipeline.runtime.modelconfig import config_variant
+from bls_pipeline.runtime.modelconfig import config_variant, parse_config, string_parameters
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-CLASSIFIERS = ("efficientnet_lite0_trt", "efficientnet_lite0_onnx", "resnet50_trt", "resnet50_onnx")
+
+
+def _listed(model: str, *keys: str) -> tuple[str, ...]:
+    """The model names these config.pbtxt parameters list, as written there."""
+    params = string_parameters(parse_config(MODELS / model))
+    return tuple(name.strip() for key in keys for name in params[key].split(","))
+
+
+CLASSIFIERS = _listed("classify_bls", "cascade_classifiers", "classifiers")  # efficientnet_lite0_*, then resnet50_*
 
 
 @pytest.fixture
@@ -42,7 +50,7 @@ def test_the_flows_settings_change_what_it_calls(repo):
 def test_loading_a_flow_loads_what_it_calls(repo):
     plan = plan_loading(repo, {"python"}, only=("classify_bls",))
     assert plan.load == ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
-    assert set(plan.skipped) == {"efficientnet_lite0_trt", "resnet50_trt"}
+    assert set(plan.load) | set(plan.skipped) == {"classify_bls", *CLASSIFIERS}  # each declared model: loaded or why not
     assert "no TensorRT backend" in plan.skipped["resnet50_trt"]
 
 
@@ -72,6 +80,16 @@ def test_the_missing_onnx_hint_works_when_copied(repo):
 def test_unknown_model_names_the_ones_there(repo):
     with pytest.raises(ValueError, match="no such model .*: nope \\(models there: .*classify_bls"):
         plan_loading(repo, {"python"}, only=("nope",))
+
+
+def test_bls_serve_leaves_the_baselines_out_unless_asked(repo):
+    baselines = Repository.read(repo).baselines()
+    assert set(baselines) == {"ensemble_resnet50", "ensemble_preprocess", "ensemble_postprocess"}
+    assert all("--with-baselines" in why for why in baselines.values())
+    assert Repository.read(repo).baselines(("ensemble_resnet50",)) == {}  # asked for: it and its steps load
+    assert set(Repository.read(repo).baselines(("classify_bls",))) == set(baselines)
+    plan = plan_loading(repo, {"python"}, exclude=baselines)
+    assert "classify_bls" in plan.load and not set(baselines) & set(plan.load)
 
 
 def test_drain_unloads_callers_before_what_they_call(repo):
