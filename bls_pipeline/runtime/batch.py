@@ -8,7 +8,9 @@ reroutes to the next candidate when the model went away mid-call.
 
 Every per-row array a flow sees has one entry per row of the batch; rows a call did not
 cover hold NaN (floats), -1 (integers), b"" (bytes) or False (booleans). So masks
-combine with `&`, `|` and `~` and go straight back into `rows=`.
+combine with `&`, `|` and `~` and go straight back into `rows=`. They are numpy arrays on
+the host whatever the device: on a GPU, the probabilities stay there, and only what the
+flow reads (top-1, its class, a model's raw outputs) is copied out.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from ..stages.postprocess import softmax
 from .children import ChildModel
+from .device import HOST, Device
 from .settings import Candidates
 
 __all__ = ["Answer", "Batch", "ChildCallError", "ChildRequest", "Classify", "FlowError", "Infer", "NoModelReady",
@@ -51,8 +53,9 @@ class ChildRequest:
     """One batched request to a child model: what a transport sends."""
 
     model: str
-    inputs: dict[str, np.ndarray]
+    inputs: dict[str, np.ndarray]  # or CUDA tensors, on a GPU device (they cross as DLPack)
     outputs: tuple[str, ...]
+    output_gpu: int | None = None  # ask for the outputs in this GPU's memory (None: wherever the child puts them)
 
 
 # Sends every request (concurrently when there are several) and returns, in order, each one's
@@ -108,9 +111,11 @@ class Scores:
     rows: the rows covered, ascending.
     """
 
-    def __init__(self, model: str | None, labels: tuple[str, ...], size: int, rows: np.ndarray, probs: np.ndarray):
+    def __init__(self, model: str | None, labels: tuple[str, ...], size: int, rows: np.ndarray, probs,
+                 device: Device = HOST):
         self.model, self.labels, self.size, self.rows = model, labels, size, rows
-        self._probs = probs  # (len(rows), classes) float32
+        self._probs = probs  # (len(rows), classes) float32, on `device` (numpy, or a tensor)
+        self._device = device
 
     def __repr__(self) -> str:
         return f"Scores({self.model!r}, {len(self.rows)} of {self.size} rows, {len(self.labels)} classes)"
@@ -122,27 +127,29 @@ class Scores:
 
     @property
     def probs(self) -> np.ndarray:
-        """(rows, classes) probabilities."""
-        return _spread(self.size, self.rows, self._probs)
+        """(rows, classes) probabilities (copied to the host from a GPU)."""
+        return _spread(self.size, self.rows, self._device.to_host(self._probs))
 
     @property
     def top1(self) -> np.ndarray:
         """Each row's highest probability."""
-        return _spread(self.size, self.rows, self._probs.max(axis=1) if len(self.rows) else np.empty(0, np.float32))
+        return _spread(self.size, self.rows, self._device.top1(self._probs))
 
     @property
     def top1_class(self) -> np.ndarray:
         """Each row's most probable class index."""
-        return _spread(self.size, self.rows, self._probs.argmax(axis=1) if len(self.rows) else np.empty(0, np.int64))
+        return _spread(self.size, self.rows, self._device.top1_class(self._probs))
 
-    def probs_for(self, rows: np.ndarray) -> np.ndarray:
-        """(len(rows), classes) probabilities of these rows, all covered (for the runtime's top-k)."""
-        return self._probs[np.searchsorted(self.rows, rows)]
+    def probs_for(self, rows: np.ndarray):
+        """(len(rows), classes) probabilities of these rows, all covered, on the device (for
+        the runtime's top-k)."""
+        return self._device.take(self._probs, np.searchsorted(self.rows, rows))
 
     def __getitem__(self, rows: Rows) -> "Scores":
         """These rows only (those this call covered)."""
         keep = np.isin(self.rows, _as_rows(self.size, rows))
-        return Scores(self.model, self.labels, self.size, self.rows[keep], self._probs[keep])
+        return Scores(self.model, self.labels, self.size, self.rows[keep], self._device.take(self._probs, np.flatnonzero(keep)),
+                      self._device)
 
     def mean(self, other: "Scores") -> "Scores":
         """The average of two answers' probabilities, on the rows both cover. Its model is
@@ -152,7 +159,9 @@ class Scores:
         rows = np.intersect1d(self.rows, other.rows)
         mine, theirs = np.searchsorted(self.rows, rows), np.searchsorted(other.rows, rows)
         model = self.model if other.model in (None, self.model) else f"{self.model}+{other.model}"
-        return Scores(model, self.labels, self.size, rows, (self._probs[mine] + other._probs[theirs]) / 2)
+        take = self._device.take
+        return Scores(model, self.labels, self.size, rows, (take(self._probs, mine) + take(other._probs, theirs)) / 2,
+                      self._device)
 
 
 class Outputs:
@@ -269,12 +278,13 @@ class RunContext(Protocol):
     """What a Batch needs from the runtime for one execute() (engine._Run)."""
 
     rows: int
+    device: Device
 
     def candidates(self, models: Models) -> tuple[str, ...]: ...
     def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None: ...
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool: ...
     def child(self, name: str, classifier: bool = False) -> ChildModel: ...
-    def inputs(self, child: ChildModel, rows: np.ndarray) -> np.ndarray: ...
+    def inputs(self, child: ChildModel, rows: np.ndarray): ...
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
 
 
@@ -346,34 +356,38 @@ class Batch:
     def _chunks(self, plan: _Plan) -> list[ChildRequest]:
         child = self._run.child(plan.model, classifier=isinstance(plan.call, Classify))
         data = self._run.inputs(child, plan.rows)
+        device = self._run.device
         if plan.call.flip:
             if child.preprocess is None:
                 raise FlowError(f"flip=True needs pixels, but {child.name} takes the encoded images")
-            data = np.ascontiguousarray(np.flip(data, axis=child.preprocess.width_axis))
+            data = device.flip(data, child.preprocess.width_axis)
         wanted = (child.scores_output.name,) if isinstance(plan.call, Classify) else tuple(o.name for o in child.outputs)
+        # On a GPU device, outputs come back in its memory (strings cannot live there).
+        strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
+        gpu = None if strings else device.gpu
         step = child.max_batch_size
-        return [ChildRequest(child.name, {child.input.name: data[i:i + step]}, wanted) for i in range(0, len(data), step)]
+        return [ChildRequest(child.name, {child.input.name: data[i:i + step]}, wanted, gpu) for i in range(0, len(data), step)]
 
     def _result(self, plan: _Plan, parts: list[Mapping[str, np.ndarray]] | None) -> Scores | Outputs:
+        device = self._run.device
         if parts is None:  # a call on no rows: nothing sent
             child = self._run.child(plan.candidates[0], classifier=isinstance(plan.call, Classify))
             values = {o.name: np.empty((0, *[max(d, 0) for d in o.dims]), np.float32) for o in child.outputs}
             model = None
         else:
             child, model = self._run.child(plan.model), plan.model
-            values = {name: parts[0][name] if len(parts) == 1 else np.concatenate([p[name] for p in parts])
+            values = {name: parts[0][name] if len(parts) == 1 else device.concat([p[name] for p in parts])
                       for name in plan.chunks[0].outputs}
             for o in child.outputs:
                 if o.name in values:
                     _check_output(child, o, values[o.name], len(plan.rows))
         if isinstance(plan.call, Classify):
-            scores = values[child.scores_output.name]
-            probs = softmax(scores) if child.scores == "logits" else np.asarray(scores, dtype=np.float32)
-            return Scores(model, child.labels, self.size, plan.rows, probs)
-        return Outputs(model, self.size, plan.rows, values)
+            probs = device.probabilities(values[child.scores_output.name], child.scores)
+            return Scores(model, child.labels, self.size, plan.rows, probs, device)
+        return Outputs(model, self.size, plan.rows, {name: device.to_host(v) for name, v in values.items()})
 
 
-def _check_output(child: ChildModel, output, value: np.ndarray, rows: int) -> None:
+def _check_output(child: ChildModel, output, value, rows: int) -> None:
     """The batch contract: one output row per input row, with the dims the config declares."""
     expected = (rows, *output.dims)
     fits = value.ndim == len(expected) and all(e < 0 or e == v for e, v in zip(expected, value.shape))

@@ -6,6 +6,8 @@
 
 Pure Python over an injected `send` (runtime/batch.py): the Triton adapter makes it
 pb_utils.InferenceRequest calls, LocalFlow (runtime/local.py) runs models in process.
+Pixels and scores live on a Device (runtime/device.py): numpy on the CPU, or torch on the
+flow model's GPU when its instance is KIND_GPU.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..stages.batching import decode_to_batch, preprocess_batch
-from ..stages.postprocess import top_k
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
 from .batch import Answer, Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
 from .children import ChildModel, load_child
+from .device import Device, device_for
 from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
 from .routing import CandidateChooser
@@ -40,7 +41,8 @@ class FlowRuntime:
     """One flow model's runtime: its flow, settings and child models, loaded once."""
 
     def __init__(self, name: str, flow: FlowDefinition, settings: Settings, runtime: RuntimeSettings,
-                 children: dict[str, ChildModel], is_ready: Callable[[str], bool], instances: int = 1):
+                 children: dict[str, ChildModel], is_ready: Callable[[str], bool], instances: int = 1,
+                 device: str | None = None):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -61,21 +63,25 @@ class FlowRuntime:
         threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
         # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
+        # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
+        self.device: Device = device_for(device, self.pool)
 
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[[str], bool], *, version: str = "1",
-             instances: int = 1, name: str | None = None, check: bool = True) -> "FlowRuntime":
+             instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
-        child models' configs from the sibling folders; checked on a probe image."""
+        child models' configs from the sibling folders; checked on a probe image. `device`:
+        None to decode and score with numpy on the CPU, or the torch device to do it on."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
         if check:
-            check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1))
-        return cls(name, flow, settings, runtime, children, is_ready, instances)
+            check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device))
+        return cls(name, flow, settings, runtime, children, is_ready, instances, device)
 
     def close(self) -> None:
+        self.device.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
@@ -114,6 +120,7 @@ class FlowRuntime:
 
     def _split(self, run: "_Run", requests, results, answer: Answer, timings: Timings) -> None:
         routes = answer.routes()
+        pending, asks, fills = [], [], []  # the device computes every top-k of this run together
         for r, req in enumerate(requests):
             if results[r] is not None:
                 continue
@@ -126,8 +133,12 @@ class FlowRuntime:
             for positions, source in answer.groups(rows):
                 answered[positions] = True
                 if source is not None:
-                    top = top_k(source.probs_for(rows[positions]), k, source.labels)
-                    labels[positions], scores[positions], class_ids[positions] = top.labels, top.scores, top.class_ids
+                    asks.append((source, rows[positions], k))
+                    fills.append((labels, scores, class_ids, positions))
+            pending.append((r, rows, labels, scores, class_ids, answered))
+        for top, (labels, scores, class_ids, positions) in zip(self.device.top_k(asks), fills):
+            labels[positions], scores[positions], class_ids[positions] = top.labels, top.scores, top.class_ids
+        for r, rows, labels, scores, class_ids, answered in pending:
             if not answered.all():
                 missing = int(np.flatnonzero(~answered)[0])
                 results[r] = RequestError(f"flow {self.name} left IMAGE[{missing}] unanswered", "flow")
@@ -177,11 +188,12 @@ class _Run:
 
     def __init__(self, runtime: FlowRuntime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings):
         self._runtime, self._send, self._timings = runtime, send, timings
+        self.device = runtime.device
         self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
-        self._pixels: dict[PreprocessSpec, np.ndarray] = {}
+        self._pixels: dict[PreprocessSpec, object] = {}  # the device's arrays
         self._decoded = None
         spec = runtime.primary_spec
         if spec is None:  # every model takes the encoded bytes: nothing to decode
@@ -189,7 +201,7 @@ class _Run:
         else:
             t0 = time.perf_counter()
             with hooks.stage("decode_preprocess"):
-                decoded = decode_to_batch(images, runtime.runtime.decode, spec, runtime.pool, keep_images=runtime.keep_images)
+                decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
                 timings.count(timings.rejected, err.reason)
@@ -235,23 +247,25 @@ class _Run:
                             "config.pbtxt; use infer() for its raw outputs")
         return child
 
-    def inputs(self, child: ChildModel, rows: np.ndarray) -> np.ndarray:
-        """`child`'s input for these rows: the encoded bytes, or pixels preprocessed its way."""
+    def inputs(self, child: ChildModel, rows: np.ndarray):
+        """`child`'s input for these rows: the encoded bytes, or pixels preprocessed its way
+        (a numpy array, or a tensor on the device)."""
         if child.preprocess is None:
             return np.array([self._encoded[i] for i in rows], dtype=object).reshape(-1, 1)
         pixels = self._pixels_for(child.preprocess)
-        return pixels if len(rows) == self.rows else pixels[rows]
+        return pixels if len(rows) == self.rows else self.device.take(pixels, rows)
 
-    def _pixels_for(self, spec: PreprocessSpec) -> np.ndarray:
+    def _pixels_for(self, spec: PreprocessSpec):
         if spec in self._pixels:
             return self._pixels[spec]
         t0 = time.perf_counter()
         with hooks.stage("decode_preprocess"):
-            batch = next((b for b in (renormalize(have, s, spec) for s, have in self._pixels.items()) if b is not None), None)
+            renormalized = (self.device.renormalize(have, s, spec) for s, have in self._pixels.items())
+            batch = next((b for b in renormalized if b is not None), None)
             if batch is None:
                 if self._decoded is None:
                     raise FlowError(f"internal: no decoded images kept for {spec}")
-                batch = preprocess_batch(self._decoded, spec, self._runtime.pool)
+                batch = self.device.preprocess(self._decoded, spec)
         self._pixels[spec] = batch
         elapsed = time.perf_counter() - t0
         self._timings.decode_preprocess += elapsed
