@@ -7,7 +7,10 @@ models/<name>/1/model.py is the same three lines everywhere:
     TritonPythonModel = flow_model(pb_utils)
 
 All requests of one execute() go through the flow together (one batched child request
-per call); a bad image or a failed flow fails only the requests it touched.
+per call); a bad image or a failed flow fails only the requests it touched. The model's
+instance_group picks where the pixels are made: KIND_CPU decodes with numpy on the CPU,
+KIND_GPU decodes JPEGs on that instance's GPU and keeps pixels and scores there
+(runtime/device.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 from ..runtime.engine import FlowRuntime
 from ..runtime.results import ImageRequest, Prediction
-from .glue import bridge_logging, freeze_startup_objects, instance_count, model_parameters
+from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport
 
@@ -39,7 +42,7 @@ def flow_model(pb_utils: Any) -> type:
             model_dir = Path(args["model_repository"])
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
-                                            name=args["model_name"])
+                                            name=args["model_name"], device=instance_device(args))
             self.transport = TritonTransport(pb_utils)
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             freeze_startup_objects()

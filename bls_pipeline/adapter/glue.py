@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "model_parameters", "tensor_from_numpy",
-           "tensor_to_numpy"]
+__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "instance_device", "model_parameters",
+           "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
 
 
 class _TritonLogHandler(logging.Handler):
@@ -57,14 +57,34 @@ def instance_count(args: dict) -> int:
     return sum(int(g.get("count", 1)) for g in groups) or 1
 
 
+def instance_device(args: dict) -> str | None:
+    """The torch device of this model instance: "cuda:<id>" for a KIND_GPU instance, None
+    for KIND_CPU (numpy on the CPU)."""
+    if args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args.get('model_instance_device_id') or 0)}"
+    return None
+
+
 def tensor_from_numpy(pb_utils: Any, name: str, array: Any) -> Any:
     """An array -> pb_utils.Tensor. A numpy array goes in as it is: the python backend copies
     it into its shared memory either way, so a CPU tensor gains nothing from DLPack and
     the stub need not import torch. A CUDA tensor (anything with __dlpack__ that is not
-    numpy) crosses through DLPack, with no copy to host."""
+    numpy, C-contiguous) crosses through DLPack with no copy to host: handed over as the
+    object, so the stub asks it for its data on the stub's own CUDA stream and waits for
+    that stream, i.e. for the kernels that wrote it."""
     if isinstance(array, np.ndarray):
         return pb_utils.Tensor(name, np.ascontiguousarray(array))
-    return pb_utils.Tensor.from_dlpack(name, array.__dlpack__())
+    return pb_utils.Tensor.from_dlpack(name, array)
+
+
+def tensor_to_array(tensor: Any) -> Any:
+    """pb_utils.Tensor -> numpy for a CPU tensor (tensor_to_numpy's view), a torch tensor on
+    its GPU for a CUDA one (DLPack, no copy; it lives as long as the tensor's response)."""
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    from torch.utils.dlpack import from_dlpack
+
+    return from_dlpack(tensor.to_dlpack())
 
 
 def tensor_to_numpy(tensor: Any) -> np.ndarray:

@@ -3,7 +3,9 @@
 One request goes out with `exec()`; several (a flow's `together`, or one call chunked at
 the child's max_batch_size) go out with `async_exec()` and are awaited together on this
 model instance's own event loop, so they are in flight at the same time. Inputs cross as
-DLPack tensors; a failed call comes back as a ChildCallError with the server's message.
+numpy arrays, or as CUDA tensors through DLPack; a request with `output_gpu` asks for its
+outputs in that GPU's memory (preferred_memory) and gets them back as torch tensors there.
+A failed call comes back as a ChildCallError with the server's message.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Sequence
 
 from ..runtime import hooks
 from ..runtime.batch import ChildCallError, ChildRequest
-from .glue import tensor_from_numpy, tensor_to_numpy
+from .glue import tensor_from_numpy, tensor_to_array
 
 __all__ = ["TritonTransport"]
 
@@ -39,11 +41,16 @@ class TritonTransport:
                     self._loop = asyncio.new_event_loop()
                 responses = self._loop.run_until_complete(self._exec_together(built))
         with hooks.stage("child_outputs"):
-            return [self._outputs(resp, req) for resp, req in zip(responses, requests)]
+            outputs = [self._outputs(resp, req) for resp, req in zip(responses, requests)]
+            _wait_for_copies(outputs)
+            return outputs
 
     def _request(self, req: ChildRequest) -> Any:
         inputs = [tensor_from_numpy(self._pb, name, array) for name, array in req.inputs.items()]
-        return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs)
+        options = {}
+        if req.output_gpu is not None:
+            options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_GPU, req.output_gpu)
+        return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs, **options)
 
     @staticmethod
     def _exec(request: Any) -> Any:
@@ -68,5 +75,20 @@ class TritonTransport:
             tensor = self._pb.get_output_tensor_by_name(response, name)
             if tensor is None:
                 return ChildCallError(f"{req.model} returned no {name} output")
-            out[name] = tensor_to_numpy(tensor).copy()  # own it: the response's buffer goes away
+            array = tensor_to_array(tensor)
+            # Own it: the response's buffer goes away with the response.
+            out[name] = array.copy() if tensor.is_cpu() else array.clone()
         return out
+
+
+def _wait_for_copies(outputs: list) -> None:
+    """GPU outputs were copied out of their responses' buffers asynchronously: wait for the
+    copies before the responses (and so those buffers) are released and reused."""
+    for out in outputs:
+        if isinstance(out, dict):
+            for value in out.values():
+                if getattr(value, "is_cuda", False):
+                    import torch
+
+                    torch.cuda.current_stream(value.device).synchronize()
+                    return
