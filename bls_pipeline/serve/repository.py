@@ -106,12 +106,27 @@ def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> s
         if not plan.exists():
             return f"{model_dir.name}/1/{plan.name} is missing: build it with {export_hint(model_dir.name)}"
         return None
+    # A KIND_GPU instance on a machine with no GPU (or with every GPU hidden): Triton would
+    # fail the load. The same test as the launcher's pinned-memory choice, plus CUDA_VISIBLE_DEVICES.
+    import os
+
+    if any(group.kind == group.KIND_GPU for group in config.instance_group):
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1")
+        if hidden or not (Path("/dev/nvidiactl").exists() or any(Path("/dev").glob("nvidia[0-9]*"))):
+            why = "CUDA_VISIBLE_DEVICES hides every GPU" if hidden else "this machine has no GPU"
+            return f"its instance_group is KIND_GPU and {why}"
     backend = config.backend or config.platform
     if backend not in backends:
         return f"this tritonserver has no {backend} backend"
     artifact = string_parameters(config).get(ARTIFACT_PARAMETER)
     if artifact and not (version / artifact).exists():
-        return f"{model_dir.name}/1/{artifact} is missing: export it with {export_hint(model_dir.name)}"
+        if model_dir.name.endswith("_torch"):  # its state dict comes from engine_build's torch command
+            family = model_dir.name[: -len("_torch")]
+            hint = (f"{shlex.quote(sys.executable)} -m engine_build torch --model {family} --weights imagenet   "
+                    "(or a .pth file; 'random' for tests)")
+        else:
+            hint = export_hint(model_dir.name)
+        return f"{model_dir.name}/1/{artifact} is missing: export it with {hint}"
     return None
 
 
