@@ -1,20 +1,89 @@
+"""GPU tests: marked `gpu`, skipped with the reason where this machine cannot run them.
+
+Each module says what it needs in REQUIRES: "cuda" (torch sees a CUDA GPU), "tensorrt"
+(TensorRT's Python package), "server" (nvidia-pytriton's tritonserver). scripts/gpu/run.sh
+runs them with BLS_TEST_MODELS naming a model repository that holds resnet50 exported with
+random weights (ONNX and torch state dict); without it they export their own.
+"""
+
+from __future__ import annotations
+
 import importlib.util
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
 
-def _why_not() -> str | None:
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT's Python package is not installed (it ships in NGC tritonserver images)"
-    import torch
+def _why_not(need: str) -> str | None:
+    if need == "cuda":
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed"
+        import torch
 
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible"
+        if not torch.cuda.is_available():
+            return "no CUDA GPU visible (torch.cuda.is_available() is False)"
+    if need == "tensorrt" and importlib.util.find_spec("tensorrt") is None:
+        return "TensorRT's Python package is not installed (it ships in NGC tritonserver images)"
+    if need == "server" and importlib.util.find_spec("pytriton") is None and shutil.which("tritonserver") is None:
+        return "no tritonserver (nvidia-pytriton's wheel, or one on PATH)"
     return None
 
 
 def pytest_collection_modifyitems(config, items):
-    reason = _why_not()
     for item in items:
-        if "gpu" in item.keywords and reason:
+        if "gpu" not in item.keywords:
+            continue
+        needs = getattr(item.module, "REQUIRES", ("cuda",))
+        reason = next((why for why in map(_why_not, needs) if why), None)
+        if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def resnet50_artifacts(tmp_path_factory) -> dict[str, Path]:
+    """resnet50 with seeded random weights: {"onnx": model.onnx, "torch": model.pt}, stamped."""
+    given = os.environ.get("BLS_TEST_MODELS")
+    if given:
+        paths = {"onnx": Path(given) / "resnet50_onnx" / "1" / "model.onnx", "torch": Path(given) / "resnet50_torch" / "1" / "model.pt"}
+        if all(p.exists() for p in paths.values()):
+            return paths
+    from engine_build.export_onnx import build_torch_model, export_onnx
+    from engine_build.export_torch import export_state_dict
+
+    folder = tmp_path_factory.mktemp("resnet50")
+    model = build_torch_model("random")
+    paths = {"onnx": folder / "model.onnx", "torch": folder / "model.pt"}
+    export_onnx(model, paths["onnx"], "random")
+    export_state_dict(model, paths["torch"], "random", "resnet50", onnx_path=paths["onnx"])
+    return paths
+
+
+def _encode(img, fmt: str, **save_kwargs) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, fmt, **save_kwargs)
+    return buf.getvalue()
+
+
+def _smooth_image(width: int, height: int):
+    """Low-frequency RGB gradients, closer to a photo than noise is."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    u, v = x / max(width - 1, 1), y / max(height - 1, 1)
+    rgb = np.stack([u, v, 0.5 + 0.5 * np.sin(6.0 * u + 4.0 * v)], axis=-1)
+    return Image.fromarray((rgb * 255.0 + 0.5).astype(np.uint8), "RGB")
+
+
+@pytest.fixture(scope="session")
+def encode():
+    return _encode
+
+
+@pytest.fixture(scope="session")
+def smooth_image():
+    return _smooth_image

@@ -6,6 +6,7 @@ import pytest
 from bls_pipeline import contract
 
 pytestmark = pytest.mark.gpu
+REQUIRES = ("tensorrt", "cuda")
 
 
 @pytest.mark.parametrize("fp16,tol", [(False, 1e-2), (True, 5e-2)])
