@@ -314,7 +314,7 @@ def cmd_decode(args) -> int:
             batch = [[images[i % len(images)]] for i in range(batch_size)]
             row = {"batch": batch_size}
             for path, device in (("gpu_path", torch_device), ("cpu_path", host)):
-                device.decode(batch, policy, spec, False)  # warm: allocations, cuDNN-free kernels, thread start
+                device.decode(batch, policy, spec, False)  # warm: allocations, the decoder, the threads
                 sync()
                 runs, t0 = 0, time.perf_counter()
                 while runs < args.min_runs or time.perf_counter() - t0 < args.seconds:

@@ -142,3 +142,30 @@ def test_a_png_request_goes_through_the_torch_path_too(encode):
     assert isinstance(got, Prediction) and got.routes[0, 0] == b"resnet50_onnx:direct"
     local.close()
     on_torch.close()
+
+
+def test_the_cpu_path_never_imports_torch():
+    """A CPU stub's imports and a run on the HostDevice leave torch out of the process (it
+    costs every python stub memory); the GPU path imports it when built."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+import bls_pipeline.adapter, bls_pipeline.flow
+from bls_pipeline.runtime.engine import FlowRuntime
+from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.runtime.results import ImageRequest
+import numpy as np
+models = {str(MODELS)!r}
+params = string_parameters(parse_config(models + "/classify_bls"))
+runtime = FlowRuntime.load(models + "/classify_bls", params, lambda m: True)
+def send(requests):
+    return [{{r.outputs[0]: np.zeros((len(next(iter(r.inputs.values()))), 1000), np.float32)}} for r in requests]
+(result,), _ = runtime.run([ImageRequest([open({str(SAMPLES / 'mug.jpg')!r}, 'rb').read()])], send)
+assert result.routes[0, 0], result
+print("torch" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
