@@ -1,6 +1,14 @@
-"""bls-bench's ratios: taken within each round, then the median over rounds."""
+"""bls-bench's ratios: taken within each round, then the median over rounds; the repository
+copy it serves (no server starts here: what it would load is read from the copy)."""
 
-from bls_pipeline.tools.bench import Point, ratios
+import shutil
+from pathlib import Path
+
+from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.serve.repository import plan_loading
+from bls_pipeline.tools.bench import CASCADES, TARGETS, Point, _model, bench_repository, ratios
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def _point(target: str, c: int, images_per_s: float, p50_ms: float = 30.0) -> Point:
@@ -22,3 +30,25 @@ def test_ratios_pair_points_of_the_same_round():
     assert median["classify_bls / classifier images/s at c=8"] == sorted([40 / 45, 20 / 21, 38 / 46])[1]
     assert median["classify_bls / ensemble images/s at c=1"] == sorted([40 / 41, 20 / 19, 38 / 39])[1]
     assert median["classify_bls p50 - (classifier p50 + preprocess) ms at c=1"] == 5.0 - 1.5 + 0.0
+
+
+def test_the_bench_repository_serves_every_target(tmp_path):
+    src = tmp_path / "models"
+    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
+    for onnx in src.glob("*_onnx"):
+        (onnx / "1" / "model.onnx").write_bytes(b"an export")
+    dst = tmp_path / "bench" / "models"
+    bench_repository(src, dst, keep_branches=False)
+
+    needed = tuple(sorted({_model(t) for t in TARGETS + tuple(CASCADES)}))
+    plan = plan_loading(dst, {"python"}, only=needed)
+    assert set(needed) <= set(plan.load), plan.skipped
+    params = {name: string_parameters(parse_config(dst / name)) for name in needed if name.startswith("classify_bls")}
+    # classify_bls does the ensemble's work (resnet50 alone, no flip pass); the cascades keep
+    # efficientnet_lite0 first, at their own thresholds.
+    assert (params["classify_bls"]["cascade_classifiers"], params["classify_bls"]["tta_threshold"]) == ("none", "0")
+    for target, threshold in CASCADES.items():
+        cascade = params[_model(target)]
+        assert (cascade["cascade_threshold"], cascade["tta_threshold"]) == (threshold, "0")
+        assert cascade["cascade_classifiers"] != "none"
+    assert (dst / "resnet50_onnx" / "1" / "model.onnx").read_bytes() == b"an export"  # linked, not re-exported
