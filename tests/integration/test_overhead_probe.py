@@ -9,37 +9,41 @@ from bls_pipeline.tools import overhead
 pytestmark = pytest.mark.integration
 
 HOLD_MS = 5
+REQUESTS, ROUNDS, WARMUP = 10, 2, 30  # WARMUP: measure()'s default, which bls-overhead uses
 
 
-def _inferences(server, model: str) -> int:
-    import tritonclient.http as tc
+def _inferences(url: str, model: str) -> int:
+    import tritonclient.grpc as tc
 
-    client = tc.InferenceServerClient(server.http_url)
+    client = tc.InferenceServerClient(url)
     try:
-        return int(client.get_inference_statistics(model)["model_stats"][0]["inference_count"])
+        return int(client.get_inference_statistics(model, as_json=True)["model_stats"][0]["inference_count"])
     finally:
         client.close()
 
 
-def test_each_path_crosses_its_hops(tmp_path, server_factory):
-    server = server_factory(overhead.probe_repository(tmp_path, hold_ms=HOLD_MS), tmp_path)
-    try:
-        p50 = overhead.measure(server.grpc_url, requests=10, rounds=2, warmup=2)
-        per_path = 2 * (10 + 2)
-        assert _inferences(server, "probe_classifier") == 3 * per_path  # direct, bls and ensemble reach it
-        assert _inferences(server, "probe_bls") == _inferences(server, "probe_prep") == per_path
-    finally:
-        server.stop()
-    assert set(p50) == set(overhead.PATHS) and all(len(v) == 2 for v in p50.values())
-    for path in ("direct", "bls", "ensemble"):  # the classifier stand-in held each of them
-        assert min(p50[path]) >= HOLD_MS
-    assert max(p50["stub"]) < HOLD_MS
-    table = overhead.report(p50, HOLD_MS)
-    assert "| bls - stub - hold (one BLS child call) |" in table and "| ensemble - stub - hold (one ensemble hop) |" in table
+def test_command_line_crosses_each_paths_hops(monkeypatch, capsys):
+    """bls-overhead as a user runs it (one server of its own): while its server is up, the
+    statistics API counts every request on each hop of its path."""
+    counted = {}
 
+    def measure_and_count(url, *args, **kwargs):
+        p50 = real_measure(url, *args, **kwargs)
+        counted.update({model: _inferences(url, model) for model in ("probe_classifier", "probe_bls", "probe_prep", "probe_stub")})
+        return p50
 
-def test_command_line_prints_the_table(capsys):
-    assert overhead.main(["--requests", "3", "--rounds", "1", "--hold-ms", "2", "--hold-mode", "stream"]) == 0
+    real_measure = overhead.measure
+    monkeypatch.setattr(overhead, "measure", measure_and_count)
+    assert overhead.main(["--requests", str(REQUESTS), "--rounds", str(ROUNDS), "--hold-ms", str(HOLD_MS), "--hold-mode", "stream"]) == 0
+    per_path = ROUNDS * (REQUESTS + WARMUP)
+    assert counted == {"probe_classifier": 3 * per_path,  # direct, bls and ensemble reach it
+                       "probe_bls": per_path, "probe_prep": per_path, "probe_stub": per_path}
+
     out = capsys.readouterr().out
-    rows = dict(re.findall(r"^\| (direct|stub|bls|ensemble) \| ([\d.]+) \|", out, re.M))
-    assert set(rows) == set(overhead.PATHS) and all(float(v) > 0 for v in rows.values())
+    rows = {path: [float(v) for v in values.split(" | ")] for path, values in
+            re.findall(r"^\| (direct|stub|bls|ensemble) \| ([\d. |]+) \|$", out, re.M)}
+    assert set(rows) == set(overhead.PATHS) and all(len(v) == 1 + ROUNDS for v in rows.values())  # median, then each round
+    for path in ("direct", "bls", "ensemble"):  # the classifier stand-in held each of them
+        assert min(rows[path]) >= HOLD_MS
+    assert max(rows["stub"]) < HOLD_MS
+    assert "| bls - stub - hold (one BLS child call) |" in out and "| ensemble - stub - hold (one ensemble hop) |" in out
