@@ -18,11 +18,8 @@ def batch():
 
 
 @pytest.fixture(scope="module")
-def reference(resnet50_artifacts, batch):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(resnet50_artifacts["onnx"]), providers=["CPUExecutionProvider"])
-    return session.run(["output"], {"input": batch})[0]
+def reference(onnx_reference, batch):
+    return onnx_reference.run(["output"], {"input": batch})[0]
 
 
 @pytest.mark.parametrize("settings", [TorchSettings(), TorchSettings(precision="fp32"), TorchSettings(cuda_graphs=True)],
