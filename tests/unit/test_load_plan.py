@@ -44,7 +44,9 @@ def test_with_tensorrt_and_a_plan_the_model_loads(repo):
 
 
 def test_the_shipped_flows_load_the_same_cpu_models_either_way(repo):
+    """Whatever else classify_bls may call (TensorRT plans, GPU-only models), its CPU
+    classifiers load with or without TensorRT, and only the others are skipped."""
     cpu = ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
     for backends in ({"python"}, {"python", "tensorrt"}):
         plan = plan_loading(repo, backends, only=("classify_bls",))
-        assert plan.load == cpu and set(plan.skipped) == set(TRT), backends
+        assert plan.load == cpu and set(TRT) <= set(plan.skipped), backends
