@@ -14,7 +14,7 @@ WORKDIR /opt/bls
 COPY pyproject.toml README.md ./
 COPY bls_pipeline bls_pipeline
 COPY engine_build engine_build
-RUN pip install --no-cache-dir ".[serve,build]" "tensorrt==${TENSORRT_VERSION}"
+RUN pip install --no-cache-dir ".[serve,gpu,build]" "tensorrt==${TENSORRT_VERSION}"
 COPY models models
 COPY samples samples
 COPY scripts/docker-entrypoint.sh /usr/local/bin/bls-entrypoint

@@ -21,6 +21,8 @@ from ..serve.paths import default_models, default_samples
 
 log = logging.getLogger(__name__)
 FLOWS = ("classify_bls", "triage_bls")
+# resnet50's served forms, all from the same weights: none is served without real ones.
+RESNET50 = ("resnet50_onnx", "resnet50_torch")
 
 
 def _onnx_path(repo: Path, onnx_model: str) -> Path:
@@ -70,12 +72,12 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
                 "      classify_bls answers with efficientnet_lite0 alone (images it is unsure about show ROUTE\n"
                 "      efficientnet_lite0_onnx:degraded), and triage_bls's vote has one voter (ROUTE ...:alone).\n"
                 f"      To add resnet50: {export_hint('resnet50_onnx', weights='/path/to/resnet50.pth')}")
-            return {"resnet50_onnx": "no ImageNet weights here"}
+            return dict.fromkeys(RESNET50, "no ImageNet weights here")
     weights = _weights(repo, "resnet50_onnx")
     if weights == "random":
         say("NOTE: models/resnet50_onnx carries RANDOM weights (a test export): not serving it, so every label\n"
             "      printed below comes from efficientnet_lite0's real weights.")
-        return {"resnet50_onnx": "random weights (a test export)"}
+        return dict.fromkeys(RESNET50, "random weights (a test export)")
     say(f"resnet50_onnx weights: {weights}; efficientnet_lite0_onnx weights: {_weights(repo, 'efficientnet_lite0_onnx')}")
     return {}
 
