@@ -121,7 +121,7 @@ def faults_server(model_repo, tmp_path_factory, server_factory):
 @pytest.fixture(scope="module")
 def watched_server(model_repo, tmp_path_factory, server_factory):
     srv = server_factory(model_repo, tmp_path_factory.mktemp("watched"), models=(FAILOVER, MAIN, BACKUP),
-                         watchdog_interval_s=1.0, exit_timeout_s=5)
+                         watchdog_interval_s=1.0, exit_timeout_s=2)
     yield srv
     srv.stop()
 
