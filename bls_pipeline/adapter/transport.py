@@ -62,7 +62,7 @@ class TritonTransport:
     @staticmethod
     async def _exec_together(requests: list) -> list:
         # async_exec runs each exec() in the loop's executor: all are in flight at once.
-        outcomes = await asyncio.gather(*(r.async_exec() for r in requests), return_exceptions=True)
+        outcomes = await asyncio.gather(*(_async_exec(r) for r in requests), return_exceptions=True)
         return [ChildCallError(str(o) or type(o).__name__) if isinstance(o, BaseException) else o for o in outcomes]
 
     def _outputs(self, response: Any, req: ChildRequest):
@@ -79,6 +79,12 @@ class TritonTransport:
             # Own it: the response's buffer goes away with the response.
             out[name] = array.copy() if tensor.is_cpu() else array.clone()
         return out
+
+
+async def _async_exec(request: Any) -> Any:
+    """request.async_exec(), with what it raises before it is even in flight kept as the
+    outcome, like what it raises while in flight."""
+    return await request.async_exec()
 
 
 def _wait_for_copies(outputs: list) -> None:

@@ -172,10 +172,18 @@ class FlowRuntime:
                 timings.count(timings.rejected, reason, len(requests[r].images))
 
     # ---- choosing a model -----------------------------------------------------------------
+    def _ready(self, model: str) -> bool:
+        """is_ready, with a readiness check that fails (the server shutting down) read as not READY."""
+        try:
+            return bool(self._is_ready(model))
+        except Exception as exc:  # noqa: BLE001 - e.g. pb_utils.TritonModelException while the server stops
+            log.warning("could not ask whether %s is READY (%s): taking it as not", model, exc)
+            return False
+
     def chooser(self, candidates: tuple[str, ...]) -> CandidateChooser:
         chooser = self._choosers.get(candidates)
         if chooser is None:
-            chooser = self._choosers[candidates] = CandidateChooser(candidates, self._is_ready, self.runtime.route_recheck_s)
+            chooser = self._choosers[candidates] = CandidateChooser(candidates, self._ready, self.runtime.route_recheck_s)
         return chooser
 
 

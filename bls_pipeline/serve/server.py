@@ -38,6 +38,8 @@ __all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
 log = logging.getLogger(__name__)
 
 ADMIN_HEADER = "triton-admin-key"
+# Over gRPC, Triton looks for the key under the protocol-prefixed metadata name.
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # APIs a client never needs for inference; behind the key so a local process cannot
 # load arbitrary models, read configs or map shared memory.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory"
@@ -127,7 +129,14 @@ class TritonServer:
 
     @property
     def admin_headers(self) -> dict[str, str]:
-        return {ADMIN_HEADER: self.options.admin_key}
+        """The HTTP header that opens the restricted APIs (admin_headers_for("grpc") for gRPC)."""
+        return self.admin_headers_for("http")
+
+    def admin_headers_for(self, protocol: str) -> dict[str, str]:
+        """The header (HTTP) or metadata (gRPC) that opens the restricted APIs."""
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        return {ADMIN_HEADER if protocol == "http" else GRPC_ADMIN_HEADER: self.options.admin_key}
 
     @property
     def pid(self) -> int | None:
@@ -208,7 +217,7 @@ class TritonServer:
             raise
         if opts.watchdog_interval_s > 0:
             python_models = {n: self.repository.configs[n] for n in plan.load if self.repository.configs[n].backend == "python"}
-            self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s)
+            self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s, pgid=self.pid)
             self.watchdog.start()
 
     def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> None:
@@ -474,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
-        print(f"  admin APIs ({RESTRICTED_APIS}) need header {ADMIN_HEADER}: {opts.admin_key}")
+        print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
+              f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)
         while not stop.is_set() and server.running():
             stop.wait(0.5)

@@ -2,9 +2,13 @@
 
 Triton 2.51 never restarts a python-backend stub that was killed (OOM killer, SIGKILL):
 the model stays READY in every health API while each request fails with "Stub process
-'<model>_<i>_<j>' is not healthy". The watchdog sends each python model a small real
-inference every `interval_s`; on that error it unloads and loads the model named in it,
-logging loudly. Probe timeouts (a busy server) never trigger a reload.
+'<model>_<i>_<j>' is not healthy". Every `interval_s` the watchdog looks for each python
+model's stub processes in the server's process group (one per instance, named by the
+instance in their command line): a model with some instances alive and one gone has lost
+a stub. It also sends each python model a small real inference, which catches a model
+whose only stub died. Either way it unloads and loads that model, logging loudly. Probe
+timeouts (a busy server) never trigger a reload. (One probe alone would reach the dead
+instance of a model with several only when Triton happened to schedule it there.)
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -68,15 +73,41 @@ def _probe_inputs(tc, config) -> list:
     return inputs
 
 
+def instance_names(model: str, config) -> set[str]:
+    """The instances Triton makes of a model with KIND_CPU groups: "<model>_<group>_<index>"."""
+    return {f"{model}_{g}_{i}" for g, group in enumerate(config.instance_group) if group.kind == group.KIND_CPU
+            for i in range(group.count or 1)}
+
+
+def live_stubs(pgid: int) -> set[str]:
+    """The model instances whose python stub process is alive (not a zombie) in that process group."""
+    alive = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 8:
+            alive.add(argv[8].decode())
+    return alive
+
+
 class Watchdog(threading.Thread):
     def __init__(self, url: str, configs: dict, reload: Callable[[str], None], interval_s: float = 2.0,
-                 probe_timeout_s: float = 10.0):
+                 probe_timeout_s: float = 10.0, pgid: int | None = None):
         super().__init__(name="bls-watchdog", daemon=True)
         import tritonclient.http as tc
 
         self._tc = tc
         self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s, connection_timeout=probe_timeout_s)
         self._probes = {name: _probe_inputs(tc, cfg) for name, cfg in configs.items()}
+        self._instances = {name: instance_names(name, cfg) for name, cfg in configs.items()}
+        self._pgid = pgid
         self._reload = reload
         self._interval = interval_s
         self._halt = threading.Event()
@@ -89,12 +120,21 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.wait(self._interval):
+            for model in self._lost_stubs():
+                self._recover(model)
             for model, inputs in self._probes.items():
                 if self._halt.is_set():
                     return
                 dead = self._probe(model, inputs)
                 if dead is not None:
                     self._recover(dead)
+
+    def _lost_stubs(self) -> list[str]:
+        """Models with some stub processes alive and some gone (all gone: the probe finds it)."""
+        if self._pgid is None:
+            return []
+        alive = live_stubs(self._pgid)
+        return [m for m, names in self._instances.items() if names & alive and names - alive]
 
     def _probe(self, model: str, inputs: list) -> str | None:
         try:

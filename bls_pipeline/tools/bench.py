@@ -301,6 +301,8 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
     bls = src / "classify_bls"
     for threshold in CASCADES.values():
         name = "classify_bls_cascade_" + threshold.replace(".", "")
+        if (dst / name).exists():  # the source had one of that name: the bench's own replaces it
+            shutil.rmtree(dst / name)
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"cascade_threshold": threshold, "tta_threshold": "0"}))

@@ -242,10 +242,9 @@ def _stub_pid(server, instance: str) -> int:
 
 @pytest.mark.parametrize("victim", [MAIN, FAILOVER])
 def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, victim):
-    """Triton 2.51 keeps a model with a dead stub READY; the watchdog's real-inference probe
-    notices and reloads it, and resnet50 answers through the flow again. The watchdog probes a
-    model with one request, which reaches a dead instance of a two-instance model only when
-    Triton schedules it there: the bound is wide (60 s), the time it took is printed."""
+    """Triton 2.51 keeps a model with a dead stub READY; the watchdog notices (the one-instance
+    resnet50_onnx by its real-inference probe, the two-instance flow by its missing stub
+    process) and reloads it, and resnet50 answers through the flow again within 10 s."""
     srv = _serving(watched_server)
     client = ClassifyClient(srv.http_url, "http", model=FAILOVER)
     try:
@@ -263,7 +262,7 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
                 route = None
             if route == f"{MAIN}:direct" and len(srv.watchdog.recoveries) > recoveries:
                 break
-            assert time.monotonic() - killed < 60, f"not back within 60 s: {srv.watchdog.recoveries}, {errors}"
+            assert time.monotonic() - killed < 10, f"not back within 10 s: {srv.watchdog.recoveries}, {errors}"
             time.sleep(0.2)
     finally:
         client.close()

@@ -21,8 +21,8 @@ from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.serve import server as server_module
 from bls_pipeline.serve.repository import Repository
-from bls_pipeline.serve.server import (ADMIN_HEADER, SHM_PREFIX, ServerOptions, TritonServer, _kill_group as kill_group,
-                                       free_port)
+from bls_pipeline.serve.server import (ADMIN_HEADER, GRPC_ADMIN_HEADER, SHM_PREFIX, ServerOptions, TritonServer,
+                                       _kill_group as kill_group, free_port)
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +30,6 @@ pytestmark = pytest.mark.integration
 # by the fixtures), whatever else it has: TensorRT, a GPU, models that need them.
 CPU_MODELS = {"classify_bls", "triage_bls", "image_quality", "resnet50_onnx", "efficientnet_lite0_onnx", "ensemble_resnet50",
               "ensemble_preprocess", "ensemble_postprocess"}
-# Triton's gRPC server reads a restricted protocol's header with this prefix (HTTP: the name as given).
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 HTTP_REFUSAL = {"error": f"This API is restricted, expecting header '{ADMIN_HEADER}'"}
 GRPC_REFUSAL = f"This protocol is restricted, expecting header '{GRPC_ADMIN_HEADER}'"
 
@@ -160,7 +158,7 @@ def test_grpc_admin_apis_need_the_key(server, api):
         refused = _grpc_admin(server, api, headers)
         assert isinstance(refused, InferenceServerException), f"{api} answered without the key ({headers}): {refused}"
         assert (refused.status(), refused.message()) == ("StatusCode.UNAVAILABLE", GRPC_REFUSAL), headers
-    answer = _grpc_admin(server, api, {GRPC_ADMIN_HEADER: key})
+    answer = _grpc_admin(server, api, server.admin_headers_for("grpc"))  # the launcher's own name for it
     assert not isinstance(answer, Exception) and _allowed_answer(api, answer), answer
 
 
