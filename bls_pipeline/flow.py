@@ -8,18 +8,21 @@ A flow model is a folder in the model repository:
     models/<name>/1/flow.py       the logic:
 
         import numpy as np
-        from bls_pipeline.flow import Batch, Candidates, Settings
+        from bls_pipeline.flow import Answer, Batch, Candidates, NoModelReady, Settings
+
+        CATS = [281, 282, 283, 284, 285]  # ImageNet's cats
 
         class CatSettings(Settings):
             cheap: Candidates = "efficientnet_lite0_trt,efficientnet_lite0_onnx"
             expert: Candidates = "resnet50_trt,resnet50_onnx"
-            cats: str = "281,282,283,284,285"
 
-        def flow(batch: Batch, settings: CatSettings):
+        def flow(batch: Batch, settings: CatSettings) -> Answer:
             answer = batch.answer()
             first = batch.classify(settings.cheap)                  # every image, one call
+            if first is None:                                       # no candidate READY
+                raise NoModelReady
             answer.set(first, "first_look")
-            cats = np.isin(first.top1_class, [int(c) for c in settings.cats.split(",")])
+            cats = np.isin(first.top1_class, CATS)
             second = batch.classify(settings.expert, rows=cats)     # the cats only, one call
             if second is not None:
                 answer.set(second, "second_opinion")
