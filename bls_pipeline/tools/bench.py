@@ -295,8 +295,9 @@ def _machine() -> dict:
 def bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
     flip branch is off so classify_bls does the same work as the branch-less ensemble."""
-    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "__pycache__"))
-    for artifact in list(src.glob("*/1/*.onnx")) + list(src.glob("*/1/*.plan")):
+    artifacts = ("*.onnx", "*.onnx.data", "*.plan")
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(*artifacts, "__pycache__"))
+    for artifact in [a for pattern in artifacts for a in src.glob(f"*/1/{pattern}")]:
         (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
     bls = src / "classify_bls"
     for threshold in CASCADES.values():

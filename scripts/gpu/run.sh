@@ -115,7 +115,7 @@ step "exports: random-weight resnet50 (ONNX, torch) and efficientnet_lite0 into 
 MODELS=$WORK/models
 # The configs as checked out (no artifact of the checkout's); what an earlier run exported stays.
 "$PY" -c "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], symlinks=True, dirs_exist_ok=True,
-  ignore=shutil.ignore_patterns('*.onnx', '*.onnx.json', '*.pt', '*.pt.json', '*.plan', '__pycache__'))" "$ROOT/models" "$MODELS"
+  ignore=shutil.ignore_patterns('*.onnx', '*.onnx.data', '*.onnx.json', '*.pt', '*.pt.json', '*.plan', '__pycache__'))" "$ROOT/models" "$MODELS"
 export_failed=""
 export_one() {  # artifact, command...: export unless the artifact is there with random weights
   local artifact=$1; shift

@@ -21,7 +21,7 @@ def gpu_server(resnet50_artifacts, tmp_path_factory, repo_root):
 
     base = tmp_path_factory.mktemp("gpu_repo")
     src = base / "src"
-    shutil.copytree(repo_root / "models", src, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.pt", "*.plan", "*.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", src, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.pt", "*.plan", "*.json", "__pycache__"))
     for kind, model in (("onnx", "resnet50_onnx"), ("torch", "resnet50_torch")):
         artifact = resnet50_artifacts[kind]
         if artifact is None:  # no ONNX here: resnet50_onnx stays out (the GPU flows do not call it)

@@ -17,12 +17,13 @@ from google.protobuf import text_format
 
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.server import ServerOptions, TritonServer
+from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.integration
 
 
 def _copy_repo(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "*.plan", "__pycache__"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "__pycache__"))
 
 
 def _variant(repo: Path, base: str, name: str, params: dict[str, str], instances: int | None = None,
@@ -41,7 +42,7 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
     repo = tmp_path_factory.mktemp("repo") / "models"
     _copy_repo(repo_root / "models", repo)
     for artifact, model in ((onnx_model, "resnet50_onnx"), (effnet_onnx_model, "efficientnet_lite0_onnx")):
-        for src in (artifact, artifact.with_suffix(".onnx.json")):  # the model and its weights stamp
+        for src in artifact_files(artifact):  # the graph, its weights, the weights stamp
             shutil.copy(src, repo / model / "1" / src.name)
     # resnet50 alone, no cascade: parity with onnxruntime and the ensemble.
     _variant(repo, "classify_bls", "classify_bls_resnet50", {"cascade_classifiers": "none"})

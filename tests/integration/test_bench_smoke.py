@@ -54,7 +54,7 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
 
 def test_bench_names_a_missing_model_before_it_starts(tmp_path, repo_root, capsys):
     repo = tmp_path / "models"
-    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
     with pytest.raises(SystemExit) as exc:
         bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0", "--model-repository", str(repo),
                     "--targets", "classifier,classify_bls", "--out", str(tmp_path / "out")])

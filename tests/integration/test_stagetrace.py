@@ -34,8 +34,8 @@ def shipped_models(model_repo, tmp_path) -> Path:
     """The test repository without its classify_bls variants (bls-trace adds bls-bench's own,
     whose names one of them shares), artifacts linked."""
     repo = tmp_path / "models"
-    shutil.copytree(model_repo, repo, ignore=shutil.ignore_patterns("classify_bls_*", "*.onnx"))
-    for onnx in model_repo.glob("*/1/*.onnx"):
+    shutil.copytree(model_repo, repo, ignore=shutil.ignore_patterns("classify_bls_*", "*.onnx", "*.onnx.data"))
+    for onnx in [*model_repo.glob("*/1/*.onnx"), *model_repo.glob("*/1/*.onnx.data")]:
         (repo / onnx.relative_to(model_repo)).symlink_to(onnx)
     return repo
 
@@ -72,7 +72,7 @@ def test_command_line_stamps_both_paths_in_order(shipped_models, monkeypatch, ca
 
 def test_command_line_names_a_missing_classifier(tmp_path, repo_root, capsys):
     repo = tmp_path / "models"
-    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
     with pytest.raises(SystemExit) as exc:
         stagetrace.main(["--requests", "1", "--model-repository", str(repo)])
     assert exc.value.code == 2
