@@ -12,13 +12,22 @@ from .export_onnx import EXPORTS
 DEFAULT_MODEL = "resnet50"
 
 
-def _export(args) -> int:
-    from .export_onnx import WeightsUnavailable, build_torch_model, export_onnx
+def _build(args):
+    """The torch model with the weights asked for, or None after saying why not."""
+    from .export_onnx import WeightsUnavailable, build_torch_model
 
     try:
-        model = build_torch_model(args.weights, args.model)
+        return build_torch_model(args.weights, args.model)
     except (WeightsUnavailable, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _export(args) -> int:
+    from .export_onnx import export_onnx
+
+    model = _build(args)
+    if model is None:
         return 2
     diff = export_onnx(model, args.output, args.weights)
     print(f"wrote {args.output} ({args.model}, weights: {args.weights}; onnxruntime vs torch max abs diff {diff:.2e})")
@@ -26,13 +35,10 @@ def _export(args) -> int:
 
 
 def _torch(args) -> int:
-    from .export_onnx import WeightsUnavailable, build_torch_model
     from .export_torch import export_state_dict
 
-    try:
-        model = build_torch_model(args.weights, args.model)
-    except (WeightsUnavailable, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    model = _build(args)
+    if model is None:
         return 2
     checked = export_state_dict(model, args.output, args.weights, args.model, onnx_path=args.onnx)
     onnx = (f"; onnxruntime on {args.onnx} vs it max abs diff {checked['onnx']:.2e}" if checked["onnx"] is not None
