@@ -171,7 +171,7 @@ class TritonServer:
         plan = self.plan()
         binary = self._binary
         for name, why in plan.skipped.items():
-            log.warning("not loading %s: %s", name, why)
+            log.info("not loading %s: %s", name, why)  # the caller says so to its user (bls-serve, bls-demo)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
         _check_ports_free(opts)
