@@ -348,8 +348,8 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1)
     the GPU (`gpu_flow_instances` stubs on it) and on the CPU (as shipped: two CPU instances),
     both on resnet50_torch alone; resnet50_torch on the GPU (or, for a dry run without one,
     everything on CPU instances, resnet50_torch in fp32)."""
-    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.plan", "*.pt", "__pycache__"))
-    for pattern in ("*/1/*.onnx", "*/1/*.plan", "*/1/*.pt"):
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "*.pt", "__pycache__"))
+    for pattern in ("*/1/*.onnx", "*/1/*.onnx.data", "*/1/*.plan", "*/1/*.pt"):
         for artifact in src.glob(pattern):
             (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
     for name, kind in ((GPU_FLOW, "KIND_GPU" if gpu else "KIND_CPU"), (CPU_FLOW, "KIND_CPU")):
