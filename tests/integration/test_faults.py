@@ -132,6 +132,16 @@ def _serving(server):
     return server
 
 
+def _wait_for_route(client, image: bytes, route: str, timeout: float = 10.0) -> None:
+    """Until 4 answers in a row take `route`: each instance of the flow answers so (an instance
+    that rerouted looks again for its preferred model route_recheck_s after its last look)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while streak < 4:
+        streak = streak + 1 if client.classify([image])["ROUTE"][0, 0] == route.encode() else 0
+        assert time.monotonic() < deadline, f"the flow did not come back to {route} within {timeout:.0f} s"
+        time.sleep(0.3)
+
+
 def _wait_until_unloaded(server, model: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while server._states().get(model) in ("READY", "UNLOADING"):
@@ -248,7 +258,7 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     srv = _serving(watched_server)
     client = ClassifyClient(srv.http_url, "http", model=FAILOVER)
     try:
-        assert client.classify([sample_images["mug"]])["ROUTE"][0, 0] == f"{MAIN}:direct".encode()
+        _wait_for_route(client, sample_images["mug"], f"{MAIN}:direct")  # both instances back on resnet50 (an earlier kill)
         recoveries = len(srv.watchdog.recoveries)
         os.kill(_stub_pid(srv, f"{victim}_0_0"), signal.SIGKILL)
         killed = time.monotonic()
