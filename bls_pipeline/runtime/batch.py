@@ -16,7 +16,6 @@ flow reads (top-1, its class, a model's raw outputs) is copied out.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence, Union
 

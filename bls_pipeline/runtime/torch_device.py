@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import logging
 from concurrent.futures import Executor
-from typing import Sequence
 
 import numpy as np
 

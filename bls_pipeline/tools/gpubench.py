@@ -22,7 +22,6 @@ models on CPU instances. Load points reuse bls-bench's run_point, make_image_set
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform

@@ -23,7 +23,6 @@ not need; for ImageNet-size photos it does not apply anyway (checked below).
 from __future__ import annotations
 
 import base64
-import io
 from pathlib import Path
 
 import numpy as np
