@@ -201,21 +201,19 @@ class _Run:
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
+        self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
         self._pixels: dict[PreprocessSpec, object] = {}  # the device's arrays
         self._decoded = None
         spec = runtime.primary_spec
-        if spec is None:  # every model takes the encoded bytes: nothing to decode
-            self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
-        else:
+        if spec is not None:  # else every model takes the encoded bytes: nothing to decode
             t0 = time.perf_counter()
             with hooks.stage("decode_preprocess"):
                 decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
                 timings.count(timings.rejected, err.reason)
-            if decoded.errors:
-                keep = np.isin(np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs]), decoded.owners)
-                self._encoded = [data for data, k in zip(self._encoded, keep) if k]
+            if decoded.errors:  # the failed requests' images leave the batch
+                self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
             self.owners = decoded.owners
             self._pixels[spec] = decoded.batch
             self._decoded = decoded.images
