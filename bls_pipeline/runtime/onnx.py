@@ -4,6 +4,7 @@ LocalFlow runs a child with when its folder holds the ONNX file."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -43,7 +44,11 @@ class OnnxModel:
         opts.enable_mem_pattern = memory_arena
         if not prepacking:
             opts.add_session_config_entry("session.disable_prepacking", "1")
-        self._session = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        # The real path: onnxruntime (>= 1.30) refuses external data outside the directory of
+        # the file it is given after resolving links, so a linked model.onnx is opened where
+        # it lies, beside its model.onnx.data.
+        real = os.path.realpath(model_path)
+        self._session = ort.InferenceSession(real, sess_options=opts, providers=["CPUExecutionProvider"])
         names_in = sorted(i.name for i in self._session.get_inputs())
         names_out = sorted(o.name for o in self._session.get_outputs())
         if names_in != sorted(inputs) or names_out != sorted(outputs):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bls_pipeline.tools import gpubench
+from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.gpu
 REQUIRES = ("cuda", "server")
@@ -26,7 +27,8 @@ def gpu_server(resnet50_artifacts, tmp_path_factory, repo_root):
         artifact = resnet50_artifacts[kind]
         if artifact is None:  # no ONNX here: resnet50_onnx stays out (the GPU flows do not call it)
             continue
-        for path in (artifact, artifact.with_suffix(artifact.suffix + ".json")):
+        files = artifact_files(artifact) if kind == "onnx" else (artifact, artifact.with_suffix(artifact.suffix + ".json"))
+        for path in files:  # the ONNX with its external data (model.onnx.data) and stamp
             shutil.copy(path, src / model / "1" / path.name)
     gpubench.gpu_repository(src, base / "models", gpu=True)
     log = base / "tritonserver.log"
