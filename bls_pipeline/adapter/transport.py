@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ..runtime import hooks
 from ..runtime.batch import ChildCallError, ChildRequest
-from .glue import tensor_from_numpy, tensor_to_array
+from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 
 __all__ = ["TritonTransport"]
 
@@ -75,9 +75,14 @@ class TritonTransport:
             tensor = self._pb.get_output_tensor_by_name(response, name)
             if tensor is None:
                 return ChildCallError(f"{req.model} returned no {name} output")
-            array = tensor_to_array(tensor)
-            # Own it: the response's buffer goes away with the response.
-            out[name] = array.copy() if tensor.is_cpu() else array.clone()
+            if tensor.is_cpu():
+                out[name] = tensor.as_numpy().copy()  # own it: the buffer goes with the response
+            elif req.output_gpu is None:
+                # A flow on the CPU calling a child that answers in GPU memory (a KIND_GPU
+                # python model): copied to host here, as numpy, which the HostDevice works in.
+                out[name] = tensor_to_numpy(tensor)
+            else:
+                out[name] = tensor_to_array(tensor).clone()
         return out
 
 
