@@ -2,9 +2,11 @@
 
 On CUDA it runs in FP16 (or FP32) with channels-last activations (tensor cores) and returns
 float32 logits on the GPU; on the CPU (a dry run without a GPU) it runs in FP32 and says so.
+On CUDA a batch is padded up to its bucket (powers of two up to max_batch_size), and every
+bucket runs once at load: cuDNN autotunes each input shape at its first batch (about a
+second on an H100), so a batch size first seen under load would stall its requests.
 Two options stay off until measured faster on the serving GPU: CUDA graphs (one captured
-per batch size bucket at load: powers of two up to max_batch_size, a batch padded up to
-its bucket) and torch.compile (same buckets, compiled at load). Inputs may be numpy arrays
+per bucket at load) and torch.compile (the same buckets, compiled at load). Inputs may be numpy arrays
 or tensors on any device; a batch over max_batch_size runs in chunks.
 
 `TorchSettings.parse` reads the model's config.pbtxt `parameters` (no torch needed);
@@ -104,7 +106,7 @@ class TorchClassifier:
         self.model = model.eval().to(self.device, dtype=self.dtype, memory_format=self.memory_format)
         if cuda:
             torch.backends.cudnn.benchmark = True  # one autotune per input shape, at its first batch
-        self.buckets = _buckets(max_batch_size) if (settings.cuda_graphs or settings.compile) else ()
+        self.buckets = _buckets(max_batch_size) if (cuda or settings.compile) else ()
         if settings.compile:
             self.model = torch.compile(self.model, dynamic=False)
         self._graphs: dict[int, tuple[Any, Any, Any]] = {}
@@ -168,7 +170,7 @@ class TorchClassifier:
                 static_in[:len(x)].copy_(x)
                 graph.replay()
                 return static_out[:len(x)].to(torch.float32, copy=True)  # the next replay overwrites static_out
-            if self.buckets:  # compiled: pad to the bucket so that each shape compiles once
+            if self.buckets:  # pad to the bucket: each shape was autotuned (or compiled) at load
                 size = next(b for b in self.buckets if b >= len(x))
                 padded = x if size == len(x) else torch.cat([x, x.new_zeros((size - len(x), *x.shape[1:]))])
                 return self.model(padded)[:len(x)].float()
