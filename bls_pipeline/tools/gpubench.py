@@ -7,7 +7,8 @@
                 out through DLPack; fails with the reason when the stub does not work here
     decode      (a) in process: decode + preprocess of a batch of ImageNet-size JPEGs,
                 images/s, the GPU path (runtime/torch_device.py) against the CPU path on all
-                cores, and how far apart their tensors are
+                cores, how far apart their tensors are, and the GPU path's parts alone
+    classifier  resnet50_torch in process: images/s per batch size, eager against CUDA graphs
     serve       (b) end to end over gRPC at each concurrency: classify_bls decoding on the GPU
                 (resnet50_torch), resnet50_torch fed preprocessed tensors (the ceiling) and
                 classify_bls decoding on the CPU; images/s, p50/p99, each stub's GPU memory
@@ -315,15 +316,9 @@ def cmd_decode(args) -> int:
             batch = [[images[i % len(images)]] for i in range(batch_size)]
             row = {"batch": batch_size}
             for path, device in (("gpu_path", torch_device), ("cpu_path", host)):
-                device.decode(batch, policy, spec, False)  # warm: allocations, the decoder, the threads
-                sync()
-                runs, t0 = 0, time.perf_counter()
-                while runs < args.min_runs or time.perf_counter() - t0 < args.seconds:
-                    device.decode(batch, policy, spec, False)
-                    sync()
-                    runs += 1
-                row[f"{path}_images_per_s"] = batch_size * runs / (time.perf_counter() - t0)
+                row[f"{path}_images_per_s"] = _rate(lambda: device.decode(batch, policy, spec, False), batch_size, args, sync)
             row["gpu_over_cpu"] = row["gpu_path_images_per_s"] / row["cpu_path_images_per_s"]
+            row.update(_decode_breakdown(torch_device, [b[0] for b in batch], spec, args, sync))
             report["rows"].append(row)
             print(f"decode batch {batch_size}: GPU path {row['gpu_path_images_per_s']:.0f} img/s, CPU path on {cores} "
                   f"threads {row['cpu_path_images_per_s']:.0f} img/s")
@@ -338,6 +333,70 @@ def cmd_decode(args) -> int:
     torch_device.close()
     report["target_images_per_s"] = 15000
     record(args.out, "decode", report)
+    return 0
+
+
+def _rate(fn, images: int, args, sync) -> float:
+    """images/s of fn() (one warm call first), over args.seconds and at least args.min_runs calls."""
+    fn()
+    sync()
+    runs, t0 = 0, time.perf_counter()
+    while runs < args.min_runs or time.perf_counter() - t0 < args.seconds:
+        fn()
+        sync()
+        runs += 1
+    return images * runs / (time.perf_counter() - t0)
+
+
+def _decode_breakdown(device, datas: list[bytes], spec, args, sync) -> dict:
+    """Where the GPU path's time goes: the batched JPEG decode alone, preprocessing alone, and
+    the decode split over 4 threads at once (does the decoder run calls in parallel?)."""
+    ops = device._ops
+    decoded = ops.decode_jpegs(datas, device.device)
+    quarters = [datas[i::4] for i in range(4)]
+
+    def threaded():
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda part: ops.decode_jpegs(part, device.device), quarters))
+
+    return {"decode_only_images_per_s": _rate(lambda: ops.decode_jpegs(datas, device.device), len(datas), args, sync),
+            "preprocess_only_images_per_s": _rate(lambda: ops.preprocess_batch(decoded, spec, device.device), len(datas), args, sync),
+            "decode_4_threads_images_per_s": _rate(threaded, len(datas), args, sync)}
+
+
+# ---- classifier: resnet50_torch in process -------------------------------------------------------
+def cmd_classifier(args) -> int:
+    """resnet50_torch's TorchClassifier in process, per batch size: eager (padded to its
+    bucket) against CUDA graphs, images/s; what decides the model's cuda_graphs default."""
+    import torch
+
+    from ..runtime.torch_classifier import TorchClassifier, TorchSettings
+
+    weights = args.model_repository / CEILING / "1" / "model.pt"
+    device = "cuda:0" if args.device == "cuda" else "cpu"
+    if args.device == "cuda":
+        variants = {"eager": TorchSettings(), "cuda_graphs": TorchSettings(cuda_graphs=True)}
+    else:
+        variants = {"eager": TorchSettings(precision="fp32")}
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    report: dict = {"weights": str(weights), "device": device, "rows": [], "load_s": {}}
+    for name, settings in variants.items():
+        t0 = time.perf_counter()
+        model = TorchClassifier(weights, settings, device, max_batch_size=64)
+        report["load_s"][name] = time.perf_counter() - t0
+        for size in args.classifier_batch:
+            x = torch.randn(size, 3, 224, 224, device=device)
+            rate = _rate(lambda: model(x), size, args, sync)
+            report["rows"].append({"variant": name, "batch": size, "images_per_s": rate, "ms_per_batch": 1000 * size / rate})
+            print(f"classifier {name} batch {size}: {rate:.0f} img/s")
+        del model
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    record(args.out, "classifier", report)
     return 0
 
 
@@ -514,11 +573,24 @@ def summary(results: dict) -> str:
                   "|---:|---:|---:|---:|"]
         lines += [f"| {r['batch']} | {r['gpu_path_images_per_s']:.0f} | {r['cpu_path_images_per_s']:.0f} | {r['gpu_over_cpu']:.2f} |"
                   for r in decode["rows"]]
+        split = [r for r in decode["rows"] if "decode_only_images_per_s" in r]
+        if split:
+            lines += ["", "Where the GPU path's time goes (img/s of each part alone):", "",
+                      "| batch | JPEG decode | preprocess | decode on 4 threads at once |", "|---:|---:|---:|---:|"]
+            lines += [f"| {r['batch']} | {r['decode_only_images_per_s']:.0f} | {r['preprocess_only_images_per_s']:.0f} "
+                      f"| {r['decode_4_threads_images_per_s']:.0f} |" for r in split]
         for key, what in (("parity", "as the CPU path runs"), ("parity_full_decode", "CPU path without its JPEG draft decode")):
             p = decode.get(key)
             if p:
                 lines.append(f"\nParity ({what}), in uint8 steps: max {p['max_steps']:.2f}, mean {p['mean_steps']:.3f}, "
                              f"99.9th percentile {p['p99_9_steps']:.2f}, over one step {p['share_over_1_step']:.2%}.")
+        lines.append("")
+    classifier = results.get("classifier")
+    if classifier and classifier.get("rows"):
+        lines += ["## resnet50_torch in process", "", f"On {classifier['device']}; load (with warm-up or capture): "
+                  + ", ".join(f"{k} {v:.1f} s" for k, v in classifier["load_s"].items()) + ".", "",
+                  "| variant | batch | images/s | ms per batch |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['variant']} | {r['batch']} | {r['images_per_s']:.0f} | {r['ms_per_batch']:.2f} |" for r in classifier["rows"]]
         lines.append("")
     serve = results.get("serve")
     if serve and serve.get("points"):
@@ -568,7 +640,7 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bls_pipeline.tools.gpubench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("step", choices=("env", "stub-check", "decode", "serve", "note"))
+    p.add_argument("step", choices=("env", "stub-check", "decode", "classifier", "serve", "note"))
     p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "gpu_results", help="results.json and summary.md go here")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps without a GPU (a dry run)")
     p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos")
@@ -576,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=_ints, default=[64, 256], help="decode: batch sizes")
     p.add_argument("--seconds", type=float, default=4.0, help="decode: seconds per measurement")
     p.add_argument("--min-runs", type=int, default=3, help="decode: at least this many batches per measurement")
+    p.add_argument("--classifier-batch", type=_ints, default=[1, 8, 32, 64], help="classifier: batch sizes")
     p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256], help="serve: the sweep")
     p.add_argument("--duration", type=float, default=4.0, help="serve: seconds measured per point")
     p.add_argument("--warmup", type=float, default=1.5, help="serve: seconds per point before measuring")
@@ -591,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "note" and not args.section:
         p.error("note needs --section")
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = {"env": cmd_env, "stub-check": cmd_stub_check, "decode": cmd_decode, "serve": cmd_serve, "note": cmd_note}
+    steps = {"env": cmd_env, "stub-check": cmd_stub_check, "decode": cmd_decode, "classifier": cmd_classifier, "serve": cmd_serve, "note": cmd_note}
     try:
         return steps[args.step](args)
     except Exception as exc:  # noqa: BLE001 - the step's failure goes into the results, then the exit code

@@ -9,7 +9,8 @@
 #              (a failure skips step 6, the server benchmark; the rest still runs)
 #   3 exports  random-weight resnet50 (ONNX + torch state dict) and efficientnet_lite0
 #   4 tests    pytest tests/gpu
-#   5 decode   (a) decode + preprocess in process, GPU path vs CPU path
+#   5 decode   (a) decode + preprocess in process, GPU path vs CPU path; then resnet50_torch
+#              in process, eager vs CUDA graphs
 #   6 serve    (b) end to end over gRPC, concurrency 1..256
 #
 # Results in $OUT (default ./gpu_results): summary.md, results.json, run.log, tests_gpu.txt,
@@ -150,8 +151,13 @@ fi
 
 # ---- 5 decode -------------------------------------------------------------------------------
 step "decode: (a) in process, GPU path vs CPU path"
-if [ $QUICK = 1 ]; then decode_args=(--batch 16 --seconds 0.5 --min-runs 1); else decode_args=(--batch 64,256 --seconds 4); fi
+if [ $QUICK = 1 ]; then decode_args=(--batch 16 --seconds 0.5 --min-runs 1); else decode_args=(--batch 64,256 --seconds 2); fi
 "$PY" -m bls_pipeline.tools.gpubench decode --device "$DEVICE" --out "$OUT" "${decode_args[@]}" || FAILED+=(decode)
+
+step "classifier: resnet50_torch in process, eager vs CUDA graphs"
+if [ $QUICK = 1 ]; then classifier_args=(--classifier-batch 1,4 --seconds 0.5 --min-runs 1); else classifier_args=(--seconds 2); fi
+"$PY" -m bls_pipeline.tools.gpubench classifier --device "$DEVICE" --out "$OUT" --model-repository "$MODELS" \
+  "${classifier_args[@]}" || FAILED+=(classifier)
 
 # ---- 6 serve --------------------------------------------------------------------------------
 step "serve: (b) end to end over gRPC ($(left) s left)"
