@@ -405,7 +405,7 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1)
     """models/ with its artifacts linked, plus the bench's variants: classify_bls decoding on
     the GPU (`gpu_flow_instances` stubs on it) and on the CPU (as shipped: two CPU instances),
     both on resnet50_torch alone; resnet50_torch on the GPU (or, for a dry run without one,
-    everything on CPU instances, resnet50_torch in fp32)."""
+    everything on CPU instances, resnet50_torch in fp32 without CUDA graphs)."""
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "*.pt", "__pycache__"))
     for pattern in ("*/1/*.onnx", "*/1/*.onnx.data", "*/1/*.plan", "*/1/*.pt"):
         for artifact in src.glob(pattern):
@@ -416,7 +416,8 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1)
         count = gpu_flow_instances if gpu and name == GPU_FLOW else None
         (dst / name / "config.pbtxt").write_text(_variant(src / "classify_bls", name, FLOW_SETTINGS, kind, count=count))
     if not gpu:
-        (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, {"precision": "fp32"}, "KIND_CPU"))
+        cpu_settings = {"precision": "fp32", "cuda_graphs": "0"}  # CUDA graphs need a KIND_GPU instance
+        (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, cpu_settings, "KIND_CPU"))
 
 
 def _variant(model_dir: Path, name: str, params: dict[str, str], kind: str, count: int | None = None) -> str:
