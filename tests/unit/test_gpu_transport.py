@@ -84,11 +84,16 @@ def test_a_gpu_request_asks_for_its_outputs_in_that_gpus_memory():
     assert pb.requests[1][2] == {} and isinstance(pb.requests[1][1][0].value, np.ndarray)
 
 
-def test_outputs_that_come_back_on_the_device_stay_tensors_and_are_owned():
+def test_outputs_that_come_back_on_the_device_stay_tensors_for_a_gpu_flow_and_become_numpy_for_a_cpu_flow():
     pb = _PbUtils(outputs_on_gpu=True)
     transport = TritonTransport(pb)
-    (out,) = transport.send([ChildRequest("m", {"input": np.zeros((2, 3), np.float32)}, ("output",))])
-    assert isinstance(out["output"], torch.Tensor) and out["output"].shape == (2, 3)
+    (on_gpu,) = transport.send([ChildRequest("m", {"input": np.zeros((2, 3), np.float32)}, ("output",), output_gpu=0)])
+    assert isinstance(on_gpu["output"], torch.Tensor) and on_gpu["output"].shape == (2, 3)
+    # A flow on the CPU (no output_gpu) calling a child that answers in GPU memory, e.g.
+    # classify_bls_cpu on resnet50_torch: numpy, which the HostDevice computes with.
+    (on_host,) = transport.send([ChildRequest("m", {"input": np.zeros((2, 3), np.float32)}, ("output",))])
+    assert isinstance(on_host["output"], np.ndarray) and on_host["output"].shape == (2, 3)
+    assert np.all(on_host["output"] == 2)
 
 
 def test_a_missing_output_is_a_failed_call():
