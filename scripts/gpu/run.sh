@@ -14,7 +14,9 @@
 #   6 serve    (b) end to end over gRPC, concurrency 1..256
 #
 # Results in $OUT (default ./gpu_results): summary.md, results.json, run.log, tests_gpu.txt,
-# tritonserver_bench.log. --cpu-check runs the same steps here without a GPU (the project's
+# tritonserver_bench.log. --skip tests,decode,classifier leaves those steps out; extra
+# arguments after -- go to `gpubench serve` (e.g. -- --gpu-flow-instances 4 --concurrency
+# 64,256). --cpu-check runs the same steps here without a GPU (the project's
 # .venv as the base Python, no wheels installed, CPU instances, the torch path on the CPU);
 # --quick shortens the measurements (what the test of this script runs).
 # Exit status: 0 when every step passed, 1 otherwise (summary.md says which failed).
@@ -27,11 +29,15 @@ OUT=${OUT:-$ROOT/gpu_results}
 WORK=${WORK:-$ROOT/.gpuwork}
 BASE_PY=${BASE_PY:-}
 BUDGET=${BUDGET:-560}  # seconds for the whole run: the device tool stops a command at 600
-usage="usage: scripts/gpu/run.sh [--cpu-check] [--quick] [--out DIR] [--work DIR] [--python BASE_PYTHON]"
+SKIP=,
+SERVE_EXTRA=()
+usage="usage: scripts/gpu/run.sh [--cpu-check] [--quick] [--skip STEP,...] [--out DIR] [--work DIR] [--python BASE_PYTHON] [-- SERVE_ARGS...]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-check) MODE=cpu ;;
     --quick) QUICK=1 ;;
+    --skip) SKIP=",$2,"; shift ;;
+    --) shift; SERVE_EXTRA=("$@"); break ;;
     --out) OUT=$2; shift ;;
     --work) WORK=$2; shift ;;
     --python) BASE_PY=$2; shift ;;
@@ -136,28 +142,35 @@ else
 fi
 
 # ---- 4 tests --------------------------------------------------------------------------------
+skipped() { case "$SKIP" in *",$1,"*) echo "skipped: --skip $1"; return 0 ;; esac; return 1; }
 step "tests: pytest tests/gpu ($([ "$MODE" = gpu ] && echo "on the GPU" || echo "they skip without one, with the reason"))"
-BLS_TEST_MODELS=$MODELS timeout $(( $(left) > 240 ? 240 : ($(left) > 60 ? $(left) - 30 : 30) )) \
-  "$PY" -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider > "$OUT/tests_gpu.txt" 2>&1
-tests_rc=$?
-tail -5 "$OUT/tests_gpu.txt"
-if [ $tests_rc -eq 0 ]; then
-  "$PY" -m bls_pipeline.tools.gpubench note --section tests --log "$OUT/tests_gpu.txt" --out "$OUT"
-else
-  FAILED+=(tests)
-  "$PY" -m bls_pipeline.tools.gpubench note --section tests --status failed --detail "pytest exit $tests_rc (tests_gpu.txt)" \
-    --log "$OUT/tests_gpu.txt" --out "$OUT"
+if ! skipped tests; then
+  BLS_TEST_MODELS=$MODELS timeout $(( $(left) > 240 ? 240 : ($(left) > 60 ? $(left) - 30 : 30) )) \
+    "$PY" -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider > "$OUT/tests_gpu.txt" 2>&1
+  tests_rc=$?
+  tail -5 "$OUT/tests_gpu.txt"
+  if [ $tests_rc -eq 0 ]; then
+    "$PY" -m bls_pipeline.tools.gpubench note --section tests --log "$OUT/tests_gpu.txt" --out "$OUT"
+  else
+    FAILED+=(tests)
+    "$PY" -m bls_pipeline.tools.gpubench note --section tests --status failed --detail "pytest exit $tests_rc (tests_gpu.txt)" \
+      --log "$OUT/tests_gpu.txt" --out "$OUT"
+  fi
 fi
 
 # ---- 5 decode -------------------------------------------------------------------------------
 step "decode: (a) in process, GPU path vs CPU path"
-if [ $QUICK = 1 ]; then decode_args=(--batch 16 --seconds 0.5 --min-runs 1); else decode_args=(--batch 64,256 --seconds 2); fi
-"$PY" -m bls_pipeline.tools.gpubench decode --device "$DEVICE" --out "$OUT" "${decode_args[@]}" || FAILED+=(decode)
+if ! skipped decode; then
+  if [ $QUICK = 1 ]; then decode_args=(--batch 16 --seconds 0.5 --min-runs 1); else decode_args=(--batch 64,256 --seconds 2); fi
+  "$PY" -m bls_pipeline.tools.gpubench decode --device "$DEVICE" --out "$OUT" "${decode_args[@]}" || FAILED+=(decode)
+fi
 
 step "classifier: resnet50_torch in process, eager vs CUDA graphs"
-if [ $QUICK = 1 ]; then classifier_args=(--classifier-batch 1,4 --seconds 0.5 --min-runs 1); else classifier_args=(--seconds 2); fi
-"$PY" -m bls_pipeline.tools.gpubench classifier --device "$DEVICE" --out "$OUT" --model-repository "$MODELS" \
-  "${classifier_args[@]}" || FAILED+=(classifier)
+if ! skipped classifier; then
+  if [ $QUICK = 1 ]; then classifier_args=(--classifier-batch 1,4 --seconds 0.5 --min-runs 1); else classifier_args=(--seconds 2); fi
+  "$PY" -m bls_pipeline.tools.gpubench classifier --device "$DEVICE" --out "$OUT" --model-repository "$MODELS" \
+    "${classifier_args[@]}" || FAILED+=(classifier)
+fi
 
 # ---- 6 serve --------------------------------------------------------------------------------
 step "serve: (b) end to end over gRPC ($(left) s left)"
@@ -172,5 +185,5 @@ else
   serve_args=(--concurrency 1,2,4,8,16,32,64,128,256 --duration 4 --warmup 1.5 --client-procs 6)
 fi
 "$PY" -m bls_pipeline.tools.gpubench serve --device "$DEVICE" --out "$OUT" --model-repository "$MODELS" \
-  --time-budget $(( $(left) - 20 )) "${serve_args[@]}" || FAILED+=(serve)
+  --time-budget $(( $(left) - 20 )) "${serve_args[@]}" "${SERVE_EXTRA[@]}" || FAILED+=(serve)
 finish
