@@ -5,9 +5,10 @@ float32 logits on the GPU; on the CPU (a dry run without a GPU) it runs in FP32 
 On CUDA a batch is padded up to its bucket (powers of two up to max_batch_size), and every
 bucket runs once at load: cuDNN autotunes each input shape at its first batch (about a
 second on an H100), so a batch size first seen under load would stall its requests.
-Two options stay off until measured faster on the serving GPU: CUDA graphs (one captured
-per bucket at load) and torch.compile (the same buckets, compiled at load). Inputs may be numpy arrays
-or tensors on any device; a batch over max_batch_size runs in chunks.
+Two options, off by default here: CUDA graphs (one captured per bucket at load; on in
+resnet50_torch's config.pbtxt, where an H100 measured it faster, docs/gpu.md) and
+torch.compile (the same buckets, compiled at load; not measured). Inputs may be numpy
+arrays or tensors on any device; a batch over max_batch_size runs in chunks.
 
 `TorchSettings.parse` reads the model's config.pbtxt `parameters` (no torch needed);
 `TorchClassifier` imports torch when built.

@@ -665,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "note" and not args.section:
         p.error("note needs --section")
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = {"env": cmd_env, "stub-check": cmd_stub_check, "decode": cmd_decode, "classifier": cmd_classifier, "serve": cmd_serve, "note": cmd_note}
+    steps = {"env": cmd_env, "stub-check": cmd_stub_check, "decode": cmd_decode, "classifier": cmd_classifier,
+             "serve": cmd_serve, "note": cmd_note}
     try:
         return steps[args.step](args)
     except Exception as exc:  # noqa: BLE001 - the step's failure goes into the results, then the exit code
