@@ -23,9 +23,9 @@ from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 __all__ = ["TritonTransport", "child_error"]
 
 # Triton 2.51's words for "this model (version) cannot take a request now", as opposed to a
-# request it took and failed: a dead python stub (the model still READY), and a model or
-# version that is not (or no longer) loaded.
-_UNAVAILABLE = re.compile(r"Stub process '[^']+' is not healthy|Request for unknown model")
+# request it took and failed: a dead python stub (the model still READY), a model or version
+# that is not (or no longer) loaded, and one being unloaded when the request reached it.
+_UNAVAILABLE = re.compile(r"Stub process '[^']+' is not healthy|Request for unknown model|Model '[^']+' is not ready")
 
 
 def child_error(message: str) -> ChildCallError:

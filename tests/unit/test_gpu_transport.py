@@ -113,6 +113,8 @@ def test_glue_tensors_and_devices():
     ("Failed to process the request(s) for model instance 'resnet50_onnx_0_0', message: Stub process 'resnet50_onnx_0_0' is not healthy.", True),
     ("Request for unknown model: 'resnet50_onnx' version 2 is not found", True),
     ("Request for unknown model: 'resnet50_onnx' has no available versions", True),
+    ("Model resnet50_onnx - Error when running inference: Failed for execute the inference request. "
+     "Model 'resnet50_onnx' is not ready.", True),
     ("onnxruntime: invalid input shape", False),
 ])
 def test_a_failed_call_is_unavailable_only_when_the_model_could_not_take_it(message, unavailable):
