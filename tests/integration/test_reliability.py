@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient
+from bls_pipeline.serve.rollout import main as rollout_main
 from bls_pipeline.serve.rollout import roll
 from bls_pipeline.tools.footprint import measure
 from test_faults import Record, Traffic, _stub_pid
@@ -170,6 +171,15 @@ def test_a_rollout_forward_and_back_under_load_loses_no_request(reliable_server,
     assert {r.route for r in records if r.sent > back[-1].done + RECHECK_S} == {v1}
 
 
+def test_the_rollout_command_says_what_to_fix(reliable_server, capsys):
+    srv = reliable_server
+    code = rollout_main(["no_such_model", "2", "--url", srv.http_url, "--admin-key", srv.options.admin_key])
+    assert code == 2
+    assert "bls-rollout: error: model no_such_model has no READY version" in capsys.readouterr().err
+    assert rollout_main([MAIN, "2", "--url", srv.http_url, "--admin-key", "wrong"]) == 2
+    assert "HTTP 403: This API is restricted, expecting header 'triton-admin-key'" in capsys.readouterr().err
+
+
 def _tiny_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(buf, "JPEG")
@@ -202,6 +212,8 @@ def test_overload_answers_or_refuses_each_request_fast_and_memory_stays_bounded(
                         route, error = None, f"{exc.status()} {exc.message()}"
                     with lock:
                         records.append(Record(i, sent, time.monotonic(), route, error))
+                    if error:
+                        time.sleep(0.01)  # a refused client does not spin
             finally:
                 c.close()
             ended[i] = "stopped"
