@@ -264,11 +264,11 @@ class TritonServer:
         self._admin_post(f"/v2/repository/models/{model}/unload")
 
     def reload_model(self, model: str) -> None:
-        """A fresh copy of the model, loaded while the old one still serves, then swapped in: a
-        load with its config as served (a plain load of a loaded, unchanged model is a no-op
-        in Triton, and unload-then-load refuses every request in between)."""
-        config = self._admin_call("GET", f"/v2/models/{model}/config")
-        self._admin_post(f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
+        """Unload then load: a plain load of a loaded, unchanged model is a no-op in Triton, and
+        so is (on 2.51) a load with its config as served. Requests to it are refused in
+        between; a flow calling it waits for it (child_retry_s)."""
+        self.unload_model(model)
+        self.load_model(model)
 
     def _drain(self, timeout_s: float) -> bool:
         """Unload callers, then the models they call; True once none is READY or UNLOADING."""

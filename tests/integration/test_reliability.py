@@ -136,13 +136,17 @@ def test_a_killed_flow_instance_fails_only_what_reached_it_before_the_reload(rel
         event = _wait_for_recovery(srv, FLOW, recoveries)
         load.wait_for(4, sent_after=event.recovered_at)
     summary = load.summary("classify_bls instance stub killed")
+    # What fails (docs/reliability.md): the requests the dead instance held or Triton gave it
+    # until the watchdog unloaded the model, then those refused while it was loaded again.
+    # Each says which; none sent after the reload fails.
+    dead = rf"Stub process '{victim}' is not healthy"
+    reloading = rf"Request for unknown model: '{FLOW}' has no available versions"
     failed = [r for r in load.records if r.error]
-    # What fails: the requests the dead instance held or Triton gave it until the reload
-    # swapped in a new copy of the model; each says so. None sent after the reload fails.
     for r in failed:
-        assert re.search(rf"Stub process '{victim}' is not healthy", r.error), r.error
-        assert killed - 5 < r.sent < event.recovered_at, (r, killed, event)
-    assert summary["answered"] > 0
+        assert re.search(dead, r.error) or re.search(reloading, r.error), r.error
+        assert r.sent < event.recovered_at, (r, event)
+    assert [r for r in failed if re.search(dead, r.error) and r.answered > killed], "no request reached the dead instance"
+    assert summary["answered"] > 0 and not [r for r in load.records if r.sent > event.recovered_at and r.error]
 
 
 def test_a_rollout_forward_and_back_under_load_loses_no_request(reliable_server, reliable_repo, sample_images):
