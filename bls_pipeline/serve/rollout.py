@@ -6,8 +6,8 @@ request lost.
 
 The version's folder (models/<model>/<version>/) must be in the server's repository. Two
 steps, each a load through Triton's repository API with the model's config as served,
-its version_policy replaced (a load with a `config` keeps the old model serving until the
-new one is READY):
+its version_policy replaced (Triton loads the versions it adds and unloads those it drops;
+a version in both keeps serving untouched):
 1. serve the versions now READY and the new one (`specific: [old..., new]`); returns once
    the new one is READY. A flow calls each child's newest READY version, so from its next
    readiness check (route_recheck_s) the flow's calls go to the new version if it is the
