@@ -42,7 +42,7 @@ def flow_model(pb_utils: Any) -> type:
             model_dir = Path(args["model_repository"])
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
-                                            name=args["model_name"], device=instance_device(args))
+                                            name=args["model_name"], device=instance_device(args), pin_versions=True)
             self.transport = TritonTransport(pb_utils)
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             freeze_startup_objects()

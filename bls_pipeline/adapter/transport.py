@@ -5,19 +5,32 @@ the child's max_batch_size) go out with `async_exec()` and are awaited together 
 model instance's own event loop, so they are in flight at the same time. Inputs cross as
 numpy arrays, or as CUDA tensors through DLPack; a request with `output_gpu` asks for its
 outputs in that GPU's memory (preferred_memory) and gets them back as torch tensors there.
-A failed call comes back as a ChildCallError with the server's message.
+A failed call comes back as a ChildCallError with the server's message, marked
+`unavailable` when the server says the model could not take it at all (its stub died, it
+or the version asked for is unloading or gone): the runtime retries those.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Sequence
 
 from ..runtime import hooks
 from ..runtime.batch import ChildCallError, ChildRequest
 from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 
-__all__ = ["TritonTransport"]
+__all__ = ["TritonTransport", "child_error"]
+
+# Triton 2.51's words for "this model (version) cannot take a request now", as opposed to a
+# request it took and failed: a dead python stub (the model still READY), a model or version
+# that is not (or no longer) loaded, and one being unloaded when the request reached it.
+_UNAVAILABLE = re.compile(r"Stub process '[^']+' is not healthy|Request for unknown model|Model '[^']+' is not ready")
+
+
+def child_error(message: str) -> ChildCallError:
+    """The ChildCallError for a failed child call's message, marked unavailable when it says so."""
+    return ChildCallError(message, unavailable=bool(_UNAVAILABLE.search(message)))
 
 
 class TritonTransport:
@@ -50,6 +63,8 @@ class TritonTransport:
         options = {}
         if req.output_gpu is not None:
             options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_GPU, req.output_gpu)
+        if req.version:
+            options["model_version"] = int(req.version)
         return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs, **options)
 
     @staticmethod
@@ -57,19 +72,19 @@ class TritonTransport:
         try:
             return request.exec()
         except Exception as exc:  # noqa: BLE001 - e.g. pb_utils.TritonModelException: a failed call
-            return ChildCallError(str(exc) or type(exc).__name__)
+            return child_error(str(exc) or type(exc).__name__)
 
     @staticmethod
     async def _exec_together(requests: list) -> list:
         # async_exec runs each exec() in the loop's executor: all are in flight at once.
         outcomes = await asyncio.gather(*(_async_exec(r) for r in requests), return_exceptions=True)
-        return [ChildCallError(str(o) or type(o).__name__) if isinstance(o, BaseException) else o for o in outcomes]
+        return [child_error(str(o) or type(o).__name__) if isinstance(o, BaseException) else o for o in outcomes]
 
     def _outputs(self, response: Any, req: ChildRequest):
         if isinstance(response, ChildCallError):
             return response
         if response.has_error():
-            return ChildCallError(response.error().message())
+            return child_error(response.error().message())
         out = {}
         for name in req.outputs:
             tensor = self._pb.get_output_tensor_by_name(response, name)

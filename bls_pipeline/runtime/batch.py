@@ -44,7 +44,16 @@ class NoModelReady(Exception):
 
 
 class ChildCallError(RuntimeError):
-    """A child inference failed as a whole (model unloaded, server error, broken contract)."""
+    """A child inference failed as a whole (model unloaded, server error, broken contract).
+
+    unavailable: the model could not take the call at all (its stub died, it or that version
+    is being unloaded): the runtime tries the call again, on the next READY candidate or on
+    the same model once it is back, for up to child_retry_s, before it fails the requests.
+    """
+
+    def __init__(self, message: str, unavailable: bool = False):
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class ChildRequest:
     inputs: dict[str, np.ndarray]  # or CUDA tensors, on a GPU device (they cross as DLPack)
     outputs: tuple[str, ...]
     output_gpu: int | None = None  # ask for the outputs in this GPU's memory (None: wherever the child puts them)
+    version: str = ""  # the model version to call ("": the one Triton picks, its newest READY)
 
 
 # Sends every request (concurrently when there are several) and returns, in order, each one's
@@ -107,17 +117,26 @@ class Scores:
     """A classifier's answer for some rows of the batch: probabilities over its labels.
 
     model: the model that answered (None when the call had no rows).
+    version: its version that answered ("" when not known).
     rows: the rows covered, ascending.
     """
 
     def __init__(self, model: str | None, labels: tuple[str, ...], size: int, rows: np.ndarray, probs,
-                 device: Device = HOST):
-        self.model, self.labels, self.size, self.rows = model, labels, size, rows
+                 device: Device = HOST, version: str = ""):
+        self.model, self.labels, self.size, self.rows, self.version = model, labels, size, rows, version
         self._probs = probs  # (len(rows), classes) float32, on `device` (numpy, or a tensor)
         self._device = device
 
     def __repr__(self) -> str:
-        return f"Scores({self.model!r}, {len(self.rows)} of {self.size} rows, {len(self.labels)} classes)"
+        return f"Scores({self.source!r}, {len(self.rows)} of {self.size} rows, {len(self.labels)} classes)"
+
+    @property
+    def source(self) -> str | None:
+        """What ROUTE names: the model, and "@<version>" when a version other than 1 answered
+        (e.g. resnet50_onnx@2 during a rollout); "a+b" for an average of two."""
+        if self.model is None or self.version in ("", "1") or "+" in self.model:
+            return self.model
+        return f"{self.model}@{self.version}"
 
     @property
     def covered(self) -> np.ndarray:
@@ -148,19 +167,20 @@ class Scores:
         """These rows only (those this call covered)."""
         keep = np.isin(self.rows, _as_rows(self.size, rows))
         return Scores(self.model, self.labels, self.size, self.rows[keep], self._device.take(self._probs, np.flatnonzero(keep)),
-                      self._device)
+                      self._device, self.version)
 
     def mean(self, other: "Scores") -> "Scores":
         """The average of two answers' probabilities, on the rows both cover. Its model is
-        this one's when both came from the same model, else "<this>+<other>"."""
+        this one's when both came from the same model and version, else "<this>+<other>"."""
         if len(self.labels) != len(other.labels):
             raise FlowError(f"cannot average {self.model} ({len(self.labels)} classes) with {other.model} ({len(other.labels)})")
         rows = np.intersect1d(self.rows, other.rows)
         mine, theirs = np.searchsorted(self.rows, rows), np.searchsorted(other.rows, rows)
-        model = self.model if other.model in (None, self.model) else f"{self.model}+{other.model}"
+        same = other.model is None or (other.model, other.version) == (self.model, self.version)
+        model, version = (self.model, self.version) if same else (f"{self.source}+{other.source}", "")
         take = self._device.take
         return Scores(model, self.labels, self.size, rows, (take(self._probs, mine) + take(other._probs, theirs)) / 2,
-                      self._device)
+                      self._device, version)
 
 
 class Outputs:
@@ -211,7 +231,7 @@ class Answer:
         if len(scores.rows):
             self._source[scores.rows] = len(self._sources)
             self._sources.append(scores)
-            self._routes[scores.rows] = f"{scores.model}:{branch}".encode()
+            self._routes[scores.rows] = f"{scores.source}:{branch}".encode()
         return self
 
     def skip(self, rows: Rows, route: str) -> "Answer":
@@ -266,7 +286,10 @@ class _Plan:
     rows: np.ndarray
     tried: tuple[str, ...] = ()
     model: str | None = None
+    version: str = ""
     chunks: list[ChildRequest] = field(default_factory=list)
+    failure: tuple[str, ChildCallError] | None = None  # the last model that could not take the call, and why
+    retry_until: float | None = None  # retrying: give up at this time (the runtime's clock)
 
     @property
     def kind(self) -> str:
@@ -278,10 +301,17 @@ class RunContext(Protocol):
 
     rows: int
     device: Device
+    retry_s: float  # child_retry_s
 
     def candidates(self, models: Models) -> tuple[str, ...]: ...
     def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None: ...
+    def version(self, model: str) -> str: ...
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool: ...
+    def lost(self, model: str) -> None: ...
+    def answered(self, model: str) -> None: ...
+    def retry_until(self, candidates: tuple[str, ...], failed: bool) -> float | None: ...
+    def now(self) -> float: ...
+    def pause(self) -> None: ...
     def child(self, name: str, classifier: bool = False) -> ChildModel: ...
     def inputs(self, child: ChildModel, rows: np.ndarray): ...
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
@@ -330,26 +360,61 @@ class Batch:
                 continue
             todo.append(_Plan(i, call, candidates, rows))
         while todo:
-            ready = []
+            sending, waiting = [], []
             for plan in todo:
                 plan.model = self._run.choose(plan.candidates, plan.tried, plan.kind)
                 if plan.model is not None:
+                    plan.version = self._run.version(plan.model)
                     plan.chunks = self._chunks(plan)
-                    ready.append(plan)
-            replies = iter(self._run.send([chunk for plan in ready for chunk in plan.chunks]))
+                    sending.append(plan)
+                elif self._keeps_waiting(plan):
+                    waiting.append(plan)
+            replies = iter(self._run.send([chunk for plan in sending for chunk in plan.chunks]))
             todo = []
-            for plan in ready:
+            for plan in sending:
                 parts = [next(replies) for _ in plan.chunks]
                 failed = next((p for p in parts if isinstance(p, Exception)), None)
                 if failed is None:
+                    self._run.answered(plan.model)
                     results[plan.index] = self._result(plan, parts)
+                elif getattr(failed, "unavailable", False):
+                    # The model could not take the call (Triton 2.51 still calls a model READY
+                    # whose stub died): try the next READY candidate, or this one again once it
+                    # (or another version of it) is back.
+                    log.warning("%s %s could not take the call (%s); retrying", plan.kind, plan.model, failed)
+                    self._run.lost(plan.model)
+                    plan.failure = (plan.model, failed)
+                    if plan.retry_until is None:
+                        plan.retry_until = self._run.retry_until(plan.candidates, True)
+                    if self._run.still_ready(plan.candidates, plan.tried, plan.model) and self._run.version(plan.model) == plan.version:
+                        plan.tried += (plan.model,)
+                    todo.append(plan)
                 elif self._run.still_ready(plan.candidates, plan.tried, plan.model):
                     raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}")
                 else:
                     log.warning("%s %s failed (%s); routing to the next ready one", plan.kind, plan.model, failed)
                     plan.tried += (plan.model,)
                     todo.append(plan)
+            if waiting:
+                self._run.pause()  # nothing READY for these yet: look again in a moment
+                todo += waiting
         return results
+
+    def _keeps_waiting(self, plan: _Plan) -> bool:
+        """No candidate left for this call: wait for one (True), give up as "none READY" (False),
+        or fail the call (raises) when its model could not take it and nothing came back in time.
+
+        The runtime waits only for a model it saw go away, for at most child_retry_s."""
+        if plan.retry_until is None:
+            plan.retry_until = self._run.retry_until(plan.candidates, False)
+        if plan.retry_until is not None and self._run.now() < plan.retry_until:
+            plan.tried = ()  # every candidate may be back: each is looked at again
+            return True
+        if plan.failure is not None:
+            model, error = plan.failure
+            raise ChildCallError(f"{plan.kind} {model} could not take the call ({error}), and no candidate "
+                                 f"({', '.join(plan.candidates)}) answered within child_retry_s={self._run.retry_s:g} s")
+        return False
 
     # ---- the runtime's side of a call -------------------------------------------------------
     def _chunks(self, plan: _Plan) -> list[ChildRequest]:
@@ -365,7 +430,8 @@ class Batch:
         strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
         gpu = None if strings else device.gpu
         step = child.max_batch_size
-        return [ChildRequest(child.name, {child.input.name: data[i:i + step]}, wanted, gpu) for i in range(0, len(data), step)]
+        return [ChildRequest(child.name, {child.input.name: data[i:i + step]}, wanted, gpu, plan.version)
+                for i in range(0, len(data), step)]
 
     def _result(self, plan: _Plan, parts: list[Mapping[str, np.ndarray]] | None) -> Scores | Outputs:
         device = self._run.device
@@ -382,7 +448,7 @@ class Batch:
                     _check_output(child, o, values[o.name], len(plan.rows))
         if isinstance(plan.call, Classify):
             probs = device.probabilities(values[child.scores_output.name], child.scores)
-            return Scores(model, child.labels, self.size, plan.rows, probs, device)
+            return Scores(model, child.labels, self.size, plan.rows, probs, device, plan.version if model else "")
         return Outputs(model, self.size, plan.rows, {name: device.to_host(v) for name, v in values.items()})
 
 

@@ -30,7 +30,7 @@ from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, R
 from .modelconfig import data_type, parse_config, string_parameters
 from .settings import ConfigError, _as_float, _as_int
 
-__all__ = ["ChildModel", "TensorInfo", "child_model", "load_child"]
+__all__ = ["ChildModel", "TensorInfo", "child_model", "load_child", "version_folders"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,12 @@ def load_child(repo: Path, name: str) -> ChildModel:
     if not (model_dir / "config.pbtxt").is_file():
         raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'}: fix the setting that names it, or add the model")
     return child_model(name, parse_config(model_dir), model_dir)
+
+
+def version_folders(model_dir: Path) -> tuple[str, ...]:
+    """The model's version folders (numbered sub-folders), newest first."""
+    try:
+        names = [p.name for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()]
+    except OSError:
+        return ()
+    return tuple(sorted(names, key=int, reverse=True))

@@ -24,7 +24,7 @@ import numpy as np
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
 from .batch import Answer, Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
-from .children import ChildModel, load_child
+from .children import ChildModel, load_child, version_folders
 from .device import Device, device_for
 from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
@@ -36,19 +36,29 @@ __all__ = ["FlowRuntime"]
 
 log = logging.getLogger(__name__)
 
+_RETRY_PAUSE_S = 0.1  # between looks for a model to come back, while a call waits for one
+
 
 class FlowRuntime:
     """One flow model's runtime: its flow, settings and child models, loaded once."""
 
     def __init__(self, name: str, flow: FlowDefinition, settings: Settings, runtime: RuntimeSettings,
-                 children: dict[str, ChildModel], is_ready: Callable[[str], bool], instances: int = 1,
-                 device: str | None = None):
+                 children: dict[str, ChildModel], is_ready: Callable[..., bool], instances: int = 1,
+                 device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
         self.name, self.flow, self.settings, self.runtime = name, flow, settings, runtime
         self.children = children
         self._is_ready = is_ready
+        # versions_of(model): its version folders, newest first. Given, each call names the
+        # newest READY version (is_ready(model, version)), so a ROUTE can say which answered;
+        # None: is_ready(model) and the version Triton picks.
+        self._versions_of = versions_of
+        self._serving: dict[str, str] = {}  # model -> the version its last READY check found
+        self._lost: dict[str, float] = {}  # model -> when a call found it unable to take it
+        self.clock, self.sleep = clock, sleep
         self._choosers: dict[tuple[str, ...], CandidateChooser] = {}
         classes = [len(c.labels) for c in children.values() if c.is_classifier]
         self.max_topk = min(classes) if classes else 1
@@ -67,18 +77,23 @@ class FlowRuntime:
         self.device: Device = device_for(device, self.pool)
 
     @classmethod
-    def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[[str], bool], *, version: str = "1",
-             instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None) -> "FlowRuntime":
+    def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
+             instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
+             pin_versions: bool = False) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders; checked on a probe image. `device`:
-        None to decode and score with numpy on the CPU, or the torch device to do it on."""
+        None to decode and score with numpy on the CPU, or the torch device to do it on.
+        pin_versions: call each child's newest READY version by number (is_ready(model,
+        version)), from the version folders beside it."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
         if check:
             check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device))
-        return cls(name, flow, settings, runtime, children, is_ready, instances, device)
+        repo = Path(model_dir).parent
+        versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
+        return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of)
 
     def close(self) -> None:
         self.device.close()
@@ -173,12 +188,41 @@ class FlowRuntime:
 
     # ---- choosing a model -----------------------------------------------------------------
     def _ready(self, model: str) -> bool:
-        """is_ready, with a readiness check that fails (the server shutting down) read as not READY."""
+        """is_ready, with a readiness check that fails (the server shutting down) read as not
+        READY. With pinned versions: whether any version is, the newest one noted."""
         try:
-            return bool(self._is_ready(model))
+            if self._versions_of is None:
+                return bool(self._is_ready(model))
+            version = next((v for v in self._versions_of(model) if self._is_ready(model, v)), None)
+            if version is not None:
+                self._serving[model] = version
+            return version is not None
         except Exception as exc:  # noqa: BLE001 - e.g. pb_utils.TritonModelException while the server stops
             log.warning("could not ask whether %s is READY (%s): taking it as not", model, exc)
             return False
+
+    def serving_version(self, model: str) -> str:
+        """The version of `model` its last READY check found ("" without pinned versions)."""
+        return self._serving.get(model, "") if self._versions_of is not None else ""
+
+    def lost(self, model: str) -> None:
+        self._lost[model] = self.clock()
+
+    def answered(self, model: str) -> None:
+        self._lost.pop(model, None)
+
+    def retry_until(self, candidates: tuple[str, ...], failed: bool) -> float | None:
+        """Until when a call on `candidates` waits for one to answer: child_retry_s after its own
+        failure, or after the latest loss of one of them (a call that finds none READY while the
+        watchdog reloads a model that just lost its stub); None: it does not wait."""
+        bound = self.runtime.child_retry_s
+        if bound <= 0:
+            return None
+        if failed:
+            return self.clock() + bound
+        losses = [self._lost[m] for m in candidates if m in self._lost]
+        until = max(losses) + bound if losses else None
+        return until if until is not None and until > self.clock() else None
 
     def chooser(self, candidates: tuple[str, ...]) -> CandidateChooser:
         chooser = self._choosers.get(candidates)
@@ -197,6 +241,7 @@ class _Run:
     def __init__(self, runtime: FlowRuntime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings):
         self._runtime, self._send, self._timings = runtime, send, timings
         self.device = runtime.device
+        self.retry_s = runtime.runtime.child_retry_s
         self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
@@ -235,6 +280,24 @@ class _Run:
         for m in candidates:
             self._tried.setdefault(m, kind)
         return self._runtime.chooser(candidates).choose(exclude=tried)
+
+    def version(self, model: str) -> str:
+        return self._runtime.serving_version(model)
+
+    def lost(self, model: str) -> None:
+        self._runtime.lost(model)
+
+    def answered(self, model: str) -> None:
+        self._runtime.answered(model)
+
+    def retry_until(self, candidates: tuple[str, ...], failed: bool) -> float | None:
+        return self._runtime.retry_until(candidates, failed)
+
+    def now(self) -> float:
+        return self._runtime.clock()
+
+    def pause(self) -> None:
+        self._runtime.sleep(_RETRY_PAUSE_S)
 
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool:
         """After `model` failed: is it still the first READY one (a real failure), or did it go away?"""

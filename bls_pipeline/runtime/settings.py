@@ -33,6 +33,11 @@ class ConfigError(ValueError):
 class RuntimeSettings:
     default_topk: int = 5  # labels per image when the request has no TOPK
     route_recheck_s: float = 5.0  # how often (s) to look again whether a preferred model came back
+    # How long (s) a child call whose model could not take it (stub died, being unloaded) is
+    # tried again, on the next READY candidate or on that model once it is back, before the
+    # requests fail; requests that find no candidate READY wait as long after such a loss.
+    # 0: no retry.
+    child_retry_s: float = 10.0
     # Decode/preprocess threads per model instance; 0 = cores / instances (measured best
     # on 2 cores: more threads only fight the classifiers for the CPU).
     decode_threads: int = 0
@@ -87,6 +92,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
     return RuntimeSettings(
         default_topk=get("default_topk", lambda k, v: _as_int(k, v, 1), d.default_topk),
         route_recheck_s=get("route_recheck_s", lambda k, v: _as_float(k, v, 0.0, 3600.0), d.route_recheck_s),
+        child_retry_s=get("child_retry_s", lambda k, v: _as_float(k, v, 0.0, 60.0), d.child_retry_s),
         decode_threads=get("decode_threads", lambda k, v: _as_int(k, v, 0), d.decode_threads),
         max_request_bytes=get("max_request_bytes", lambda k, v: _as_int(k, v, 1), d.max_request_bytes),
         decode=DecodePolicy(

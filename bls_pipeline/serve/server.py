@@ -216,7 +216,10 @@ class TritonServer:
             self.stop()
             raise
         if opts.watchdog_interval_s > 0:
-            python_models = {n: self.repository.configs[n] for n in plan.load if self.repository.configs[n].backend == "python"}
+            # Called models first: a flow's probe waits while its flow retries a dead child
+            # (up to child_retry_s), so the child is found and reloaded first.
+            order = [m for stage in reversed(repository.drain_stages(self.repository, plan.load)) for m in stage]
+            python_models = {n: self.repository.configs[n] for n in order if self.repository.configs[n].backend == "python"}
             self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s, pgid=self.pid)
             self.watchdog.start()
 
@@ -261,7 +264,9 @@ class TritonServer:
         self._admin_post(f"/v2/repository/models/{model}/unload")
 
     def reload_model(self, model: str) -> None:
-        """Unload then load: a plain load of a loaded, unchanged model is a no-op in Triton."""
+        """Unload then load: a plain load of a loaded, unchanged model is a no-op in Triton, and
+        so is (on 2.51) a load with its config as served. Requests to it are refused in
+        between; a flow calling it waits for it (child_retry_s)."""
         self.unload_model(model)
         self.load_model(model)
 
@@ -283,10 +288,15 @@ class TritonServer:
         with urllib.request.urlopen(req, timeout=10) as r:
             return {m["name"]: m.get("state", "") for m in json.loads(r.read())}
 
-    def _admin_post(self, path: str) -> None:
-        req = urllib.request.Request(f"http://{self.http_url}{path}", data=b"{}", method="POST", headers=self.admin_headers)
+    def _admin_post(self, path: str, body: dict | None = None) -> None:
+        self._admin_call("POST", path, body or {})
+
+    def _admin_call(self, method: str, path: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://{self.http_url}{path}", data=data, method=method, headers=self.admin_headers)
         with urllib.request.urlopen(req, timeout=300) as r:
-            r.read()
+            text = r.read()
+        return json.loads(text) if text else None
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

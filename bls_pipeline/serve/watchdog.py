@@ -6,8 +6,9 @@ the model stays READY in every health API while each request fails with "Stub pr
 model's stub processes in the server's process group (one per instance, named by the
 instance in their command line): a model with some instances alive and one gone has lost
 a stub. It also sends each python model a small real inference, which catches a model
-whose only stub died. Either way it unloads and loads that model, logging loudly. Probe
-timeouts (a busy server) never trigger a reload. (One probe alone would reach the dead
+whose only stub died (models are probed in the order given: called models first). Either
+way it unloads and loads that model, logging loudly. Probe timeouts (a busy server) never
+trigger a reload. (One probe alone would reach the dead
 instance of a model with several only when Triton happened to schedule it there.)
 """
 

@@ -347,3 +347,129 @@ def test_local_flow_runs_functions_and_reports_failures(repo):
     with LocalFlow(flow, {"cls_a": logits_of(0)}, ready=set()) as local:
         with pytest.raises(RequestFailed, match="that call found no READY model; check for None"):
             local.classify([RED])
+
+
+# ---- a child model that cannot take the call: retried up to child_retry_s ----------------------
+class Server:
+    """Child models as Triton 2.51 shows them: READY per version, a dead stub still READY
+    (each call fails at once, unavailable), and a clock that moves only when the runtime
+    pauses, with events (a watchdog's reload) due at given times."""
+
+    def __init__(self, functions: dict, versions: dict[str, tuple[str, ...]] | None = None):
+        self.functions = dict(functions)
+        self.ready = {(m, v) for m in functions for v in (versions or {}).get(m, ("1",))}
+        self.dead: set[str] = set()
+        self.now = 0.0
+        self.events: list[tuple[float, callable]] = []
+        self.calls: list[tuple[str, str, float]] = []  # (model, version, when)
+
+    def is_ready(self, model: str, version: str = "1") -> bool:
+        return (model, version) in self.ready
+
+    def versions_of(self, model: str) -> tuple[str, ...]:
+        return tuple(sorted({v for m, v in self.ready | {(model, "1")} if m == model}, key=int, reverse=True))
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for due, event in [e for e in self.events if e[0] <= self.now]:
+            self.events.remove((due, event))
+            event()
+
+    def send(self, requests):
+        replies = []
+        for r in requests:
+            self.calls.append((r.model, r.version, self.now))
+            if r.model in self.dead:
+                replies.append(ChildCallError(f"Stub process '{r.model}_0_0' is not healthy.", unavailable=True))
+            elif (r.model, r.version or "1") not in self.ready:
+                replies.append(ChildCallError(f"Request for unknown model: '{r.model}' version {r.version} is not found",
+                                              unavailable=True))
+            else:
+                replies.append({r.outputs[0]: self.functions[r.model](next(iter(r.inputs.values())))})
+        return replies
+
+    def reload(self, model: str, down_at: float, up_at: float) -> None:
+        """The watchdog: unloads the model at down_at, has it back (stub alive) at up_at."""
+        self.events += [(down_at, lambda: self.ready.discard((model, "1"))),
+                        (up_at, lambda: (self.dead.discard(model), self.ready.add((model, "1"))))]
+
+
+def served(model_dir: Path, server: Server, **params) -> FlowRuntime:
+    rt = FlowRuntime.load(model_dir, {k: str(v) for k, v in params.items()}, server.is_ready)
+    return FlowRuntime(rt.name, rt.flow, rt.settings, rt.runtime, rt.children, server.is_ready,
+                       versions_of=server.versions_of, clock=server.clock, sleep=server.sleep)
+
+
+MAIN_ONLY = """
+    def flow(batch, s: S) -> Answer:
+        main = batch.classify(s.main)
+        if main is None:
+            raise NoModelReady
+        return batch.answer().set(main, "main")
+"""
+
+
+def test_a_dead_stub_still_ready_is_retried_on_the_next_candidate(repo):
+    server = Server(FUNCTIONS)
+    server.dead.add("cls_a")
+    (result,), _ = served(write_flow(repo, MAIN_ONLY), server).run([ImageRequest([RED])], server.send)
+    assert [c[:2] for c in server.calls] == [("cls_a", "1"), ("cls_b", "1")]
+    assert result.routes[0, 0] == b"cls_b:main"
+
+
+def test_a_dead_stub_with_no_other_candidate_is_waited_for_until_the_reload(repo):
+    server = Server(FUNCTIONS)
+    del server.functions["cls_b"]
+    server.ready.discard(("cls_b", "1"))
+    server.dead.add("cls_a")
+    server.reload("cls_a", down_at=1.0, up_at=4.0)
+    rt = served(write_flow(repo, MAIN_ONLY), server)
+    (result,), _ = rt.run([ImageRequest([RED])], server.send)
+    assert result.routes[0, 0] == b"cls_a:main"
+    assert server.calls[-1][0] == "cls_a" and 4.0 <= server.calls[-1][2] < 4.5  # answered once it was back
+    assert all(when < 1.0 for _, _, when in server.calls[:-1])  # not called while it was unloaded
+
+    # A request arriving while it is unloaded again, right after another loss, waits for it too.
+    server.dead.add("cls_a")
+    server.reload("cls_a", down_at=server.now + 0.5, up_at=server.now + 2.0)
+    (first,), _ = rt.run([ImageRequest([RED])], server.send)
+    server.dead.add("cls_a")
+    server.ready.discard(("cls_a", "1"))
+    server.reload("cls_a", down_at=server.now, up_at=server.now + 3.0)
+    (second,), _ = rt.run([ImageRequest([GREEN])], server.send)  # finds nothing READY: waits
+    assert first.routes[0, 0] == second.routes[0, 0] == b"cls_a:main"
+
+
+def test_a_model_that_does_not_come_back_fails_after_child_retry_s(repo):
+    server = Server(FUNCTIONS)
+    server.dead |= {"cls_a", "cls_b"}
+    (result,), timings = served(write_flow(repo, MAIN_ONLY), server, child_retry_s=3).run([ImageRequest([RED])], server.send)
+    assert result == RequestError("classifier cls_b could not take the call (Stub process 'cls_b_0_0' is not healthy.), "
+                                  "and no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "classifier")
+    assert 3.0 <= server.now < 3.2  # bounded by the setting
+    assert timings.rejected == {"classifier": 1}
+
+
+def test_no_retry_and_no_wait_without_a_loss_or_with_child_retry_s_0(repo):
+    flow = write_flow(repo, MAIN_ONLY)
+    server = Server(FUNCTIONS)
+    server.ready.clear()  # never loaded: nothing to wait for
+    (result,), _ = served(flow, server).run([ImageRequest([RED])], server.send)
+    assert result.reason == "classifier" and "no classifier is ready" in result.message and server.now == 0.0
+    server = Server(FUNCTIONS)
+    server.dead |= {"cls_a", "cls_b"}
+    (result,), _ = served(flow, server, child_retry_s=0).run([ImageRequest([RED])], server.send)
+    assert "within child_retry_s=0 s" in result.message and server.now == 0.0
+
+
+def test_the_newest_ready_version_answers_and_route_names_it(repo):
+    server = Server(FUNCTIONS, versions={"cls_a": ("1", "2")})
+    rt = served(write_flow(repo, MAIN_ONLY), server, route_recheck_s=0)
+    (v2,), _ = rt.run([ImageRequest([RED])], server.send)
+    server.ready.discard(("cls_a", "2"))  # rolled back: version 2 unloaded, the chooser still holds it
+    (v1,), _ = rt.run([ImageRequest([RED])], server.send)
+    assert (v2.routes[0, 0], v1.routes[0, 0]) == (b"cls_a@2:main", b"cls_a:main")
+    assert [c[:2] for c in server.calls] == [("cls_a", "2"), ("cls_a", "1")]

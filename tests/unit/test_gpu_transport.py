@@ -112,3 +112,17 @@ def test_glue_tensors_and_devices():
     assert isinstance(tensor_to_array(_Tensor("x", torch.zeros(2), on_gpu=True)), torch.Tensor)
     assert instance_device({"model_instance_kind": "GPU", "model_instance_device_id": "2"}) == "cuda:2"
     assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) is None
+
+
+@pytest.mark.parametrize("message, unavailable", [
+    ("Failed to process the request(s) for model instance 'resnet50_onnx_0_0', message: Stub process 'resnet50_onnx_0_0' is not healthy.", True),
+    ("Request for unknown model: 'resnet50_onnx' version 2 is not found", True),
+    ("Request for unknown model: 'resnet50_onnx' has no available versions", True),
+    ("Model resnet50_onnx - Error when running inference: Failed for execute the inference request. "
+     "Model 'resnet50_onnx' is not ready.", True),
+    ("onnxruntime: invalid input shape", False),
+])
+def test_a_failed_call_is_unavailable_only_when_the_model_could_not_take_it(message, unavailable):
+    from bls_pipeline.adapter.transport import child_error
+
+    assert child_error(message).unavailable is unavailable and str(child_error(message)) == message
