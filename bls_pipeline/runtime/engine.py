@@ -70,12 +70,12 @@ class FlowRuntime:
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[[str], bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
-        child models' configs from the sibling folders; checked on a probe image. `device`:
+        child models' configs from the sibling folders (or their copies: children.load_child); checked on a probe image. `device`:
         None to decode and score with numpy on the CPU, or the torch device to do it on."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
-        children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
+        children = {m: load_child(Path(model_dir).parent, m, Path(model_dir)) for m in settings.models()}
         if check:
             check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device))
         return cls(name, flow, settings, runtime, children, is_ready, instances, device)

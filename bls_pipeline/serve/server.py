@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import repository
+from . import repository, s3
 from .paths import default_models
 from .watchdog import Watchdog
 
@@ -54,13 +54,14 @@ def free_port() -> int:
 
 @dataclass
 class ServerOptions:
-    model_repository: Path
+    model_repository: Path | str  # a folder, or an S3 address (s3://bucket/path, s3://host:port/bucket/path)
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
     models: tuple[str, ...] | None = None  # None: every model whose parts are present; else these and what they call
     exclude: dict[str, str] = field(default_factory=dict)  # models not to load: {name: why}
+    exclude_baselines: bool = False  # also leave out the bench baselines that `models` does not need (bls-serve)
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     exit_timeout_s: int = 20
     startup_timeout_s: float = 180.0
@@ -154,20 +155,28 @@ class TritonServer:
         """What start() will load and what it will skip (with why), without starting anything:
         a tool checks it has the models it needs before it waits for a server."""
         if self._plan is None:
-            repo = Path(self.options.model_repository).resolve()
+            self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
+            if s3.is_s3(self.options.model_repository):
+                # Tritonserver reads the bucket itself; the plan reads a local view of it, and
+                # a wrong region, credentials or bucket fail here with the cause, not in Triton's log.
+                repo = s3.download_for_planning(str(self.options.model_repository), self._workdir / "s3-view")
+            else:
+                repo = Path(self.options.model_repository).resolve()
             if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
                 raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
-            self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
             self._binary = _find_binary(self._workdir)
             self.repository = repository.Repository.read(repo)
+            exclude = dict(self.options.exclude)
+            if self.options.exclude_baselines:
+                exclude = {**self.repository.baselines(self.options.models), **exclude}
             self._plan = repository.plan_loading(self.repository, _available_backends(self._binary),
-                                                 only=self.options.models, exclude=self.options.exclude)
+                                                 only=self.options.models, exclude=exclude)
             self.loaded, self.skipped = self._plan.load, self._plan.skipped
         return self._plan
 
     def start(self) -> None:
         opts = self.options
-        repo = Path(opts.model_repository).resolve()
+        repo = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
         plan = self.plan()
         binary = self._binary
         for name, why in plan.skipped.items():
@@ -434,7 +443,9 @@ def _available_backends(binary: _Binary) -> set[str]:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model-repository", type=Path, default=default_models(), help="./models, else the checkout's")
+    p.add_argument("--model-repository", type=_repository_arg, default=default_models(),
+                   help="a folder (./models, else the checkout's), or s3://bucket/path or s3://host:port/bucket/path "
+                        "(credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
     p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST (KServe v2) port")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
@@ -449,6 +460,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.model_repository is None:
         p.error("no ./models here and no checkout's models/: pass --model-repository DIR")
     return args
+
+
+def _repository_arg(value: str) -> Path | str:
+    return value if s3.is_s3(value) else Path(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,20 +481,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.admin_key:
         opts.admin_key = args.admin_key
-    if not args.with_baselines and args.model_repository.is_dir():
-        opts.exclude = repository.Repository.read(args.model_repository).baselines(opts.models)
+    opts.exclude_baselines = not args.with_baselines
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server = TritonServer(opts)
     try:
         server.start()
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix
+    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
         server.stop()
         print(f"bls-serve: error: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"Serving {', '.join(server.loaded)} from {Path(opts.model_repository).resolve()}")
+        where = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
+        print(f"Serving {', '.join(server.loaded)} from {where}")
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
@@ -495,3 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         code = server.stop()
         log.info("tritonserver stopped (exit code %s)", code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
