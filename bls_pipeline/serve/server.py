@@ -70,6 +70,9 @@ class ServerOptions:
     extra_args: tuple[str, ...] = ()
     # Probe python models with real inference and reload one whose stub died (0: off).
     watchdog_interval_s: float = 0.0
+    # The Python whose environment the python models run in (its bin goes first on PATH),
+    # of this one's version; None: this one. A model with EXECUTION_ENV_PATH runs in that instead.
+    python: Path | None = None
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, log_file: Path | None, **kwargs) -> "ServerOptions":
@@ -164,7 +167,7 @@ class TritonServer:
                 repo = Path(self.options.model_repository).resolve()
             if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
                 raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
-            self._binary = _find_binary(self._workdir)
+            self._binary = _find_binary(self._workdir, self.options.python)
             self.repository = repository.Repository.read(repo)
             exclude = dict(self.options.exclude)
             if self.options.exclude_baselines:
@@ -396,12 +399,14 @@ def _url_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
-def _find_binary(workdir: Path) -> _Binary:
+def _find_binary(workdir: Path, python: Path | None = None) -> _Binary:
     env = dict(os.environ)
     # The python stub embeds libpython with an isolated config (PYTHONPATH is ignored) and
     # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
     # so models import the same bls_pipeline, numpy and torch (a venv's included).
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if python is not None:
+        _check_same_version(Path(python))
+    env["PATH"] = os.pathsep.join([str(Path(python or sys.executable).parent), env.get("PATH", "")])
     # glibc malloc gives every busy thread its own arena, and Triton runs many threads:
     # cap them (set MALLOC_ARENA_MAX yourself to override). The soak test reports the
     # resident memory this leaves (tests/integration/test_metrics_and_soak.py).
@@ -430,6 +435,18 @@ def _find_binary(workdir: Path) -> _Binary:
     shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     return _Binary(root / "bin" / "tritonserver", backends, env, is_embedded=True)
+
+
+def _check_same_version(python: Path) -> None:
+    """The stub is built for this Python's version: another Python must be the same."""
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        got = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError as exc:
+        raise RuntimeError(f"cannot run the models' Python {python}: {exc}") from None
+    if got != want:
+        raise RuntimeError(f"the models' Python {python} is {got or 'not a Python'}; the stub here runs Python {want}")
 
 
 def _available_backends(binary: _Binary) -> set[str]:

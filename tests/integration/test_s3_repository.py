@@ -8,12 +8,10 @@ artifacts. An ensemble's empty version folder survives only through the placehol
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,67 +21,13 @@ import pytest
 
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.s3 import PLACEHOLDER, S3Error, check_access, publish
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.server import ServerOptions, TritonServer
+
+REGION = "us-east-1"  # any name works on moto; Triton and boto3 need one
 
 pytestmark = pytest.mark.integration
 
-REGION = "us-east-1"
 MODELS = ("classify_bls", "ensemble_resnet50")  # the flow, its classifiers, the ensemble and its steps
-
-
-def _moto_server() -> Path:
-    path = Path(sys.executable).parent / "moto_server"
-    if not path.exists():
-        pytest.fail(f"{path} is missing: install the test extra (pip install 'bls-pipeline[test]'; scripts/setup.sh does)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    """A moto S3 server on a free port that checks credentials: the first three requests
-    (creating an IAM user, its policy and its key) go through unsigned, every later one
-    needs that key. Yields (host:port, key id, secret)."""
-    import boto3
-
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-    proc = subprocess.Popen([str(_moto_server()), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"})
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
-                break
-            except (urllib.error.URLError, OSError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not start (exit {proc.poll()}); see {log.name}")
-                time.sleep(0.2)
-        iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name=REGION,
-                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
-        iam.create_user(UserName="triton")
-        iam.put_user_policy(UserName="triton", PolicyName="models", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-        key = iam.create_access_key(UserName="triton")["AccessKey"]
-        yield f"127.0.0.1:{port}", key["AccessKeyId"], key["SecretAccessKey"]
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        log.close()
-
-
-@pytest.fixture
-def aws_env(s3_endpoint, monkeypatch):
-    """The environment tritonserver and bls-publish read: the key, the region."""
-    _, key_id, secret = s3_endpoint
-    for name in ("AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    # No ~/.aws of the machine's: only what is set here counts.
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
 
 
 def _bucket(s3_endpoint, name: str) -> str:
