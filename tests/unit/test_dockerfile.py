@@ -136,3 +136,21 @@ def test_the_image_starts_from_a_current_ngc_release():
 def test_the_parser_reads_continuations_and_comments():
     text = "# c\nARG A=1\nRUN a \\\n  # inside\n  && b\nUSER 1000:1000\n"
     assert instructions(text) == [("ARG", "A=1"), ("RUN", "a    && b"), ("USER", "1000:1000")]
+
+
+# pb_utils names every python model uses, from the first python-backend releases on: not
+# worth a line in docs/deploy.md's table of what the runtime relies on.
+_BASIC_PB_UTILS = {"InferenceResponse", "Tensor", "TritonError", "TritonModelException", "get_input_tensor_by_name",
+                   "get_output_tensor_by_name", "TRITONSERVER_MEMORY_GPU"}
+
+
+def test_deploy_doc_names_the_python_backend_features_the_adapter_uses():
+    used = set()
+    for source in (ROOT / "bls_pipeline" / "adapter").glob("*.py"):
+        used |= set(re.findall(r"(?:pb_utils|self\._pb)\.([A-Za-z_]+)", source.read_text()))
+    used = {"Logger" if name.startswith("log_") else name for name in used} - _BASIC_PB_UTILS
+    assert {"InferenceRequest", "is_model_ready", "MetricFamily"} <= used  # the scan sees them
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    features = doc.split("## The python-backend features the runtime relies on")[1]
+    assert "2.51" in features and "EXECUTION_ENV_PATH" in features
+    assert [name for name in sorted(used) if name not in features] == []
