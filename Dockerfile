@@ -13,6 +13,8 @@ ARG TENSORRT_VERSION=""
 ARG WEIGHTS=imagenet
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The image's own Python is this image's to install into (Ubuntu 24.04 marks it externally managed).
+ENV PIP_BREAK_SYSTEM_PACKAGES=1
 WORKDIR /opt/bls
 COPY pyproject.toml README.md requirements.lock ./
 COPY bls_pipeline bls_pipeline
