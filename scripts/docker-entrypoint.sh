@@ -3,7 +3,13 @@
 # tied to the GPU model and TensorRT version), then serve models/ with bls-serve.
 set -euo pipefail
 cd /opt/bls
-for model in resnet50 efficientnet_lite0; do
+# Serving from S3 (deploy/k8s passes --model-repository s3://...): the plans in the bucket
+# are what Triton loads, so none is built here.
+case " $* " in
+  *" s3://"*) models_to_build="" ;;
+  *) models_to_build="resnet50 efficientnet_lite0" ;;
+esac
+for model in $models_to_build; do
   plan="models/${model}_trt/1/model.plan"
   if [ ! -f "$plan" ]; then
     echo "Building $plan for this GPU (first start only; mount a volume on models/${model}_trt/1 to keep it)..."

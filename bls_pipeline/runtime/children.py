@@ -30,7 +30,11 @@ from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, R
 from .modelconfig import data_type, parse_config, string_parameters
 from .settings import ConfigError, _as_float, _as_int
 
-__all__ = ["ChildModel", "TensorInfo", "child_model", "load_child", "version_folders"]
+__all__ = ["CHILDREN_DIR", "ChildModel", "TensorInfo", "child_model", "load_child", "version_folders"]
+
+# In a flow model's folder: copies of the config and labels of the models it calls, for a
+# repository whose model folders Triton copies one by one (S3). bls-publish writes them.
+CHILDREN_DIR = "children"
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,22 @@ def _child_model(name: str, config, model_dir: Path | None) -> ChildModel:
     return ChildModel(name, config.max_batch_size, tensor, outputs, preprocess, labels, scores)
 
 
-def load_child(repo: Path, name: str) -> ChildModel:
-    """The ChildModel of `name`, a sibling folder in the model repository `repo`."""
+def load_child(repo: Path, name: str, caller_dir: Path | None = None) -> ChildModel:
+    """The ChildModel of `name`, a sibling folder in the model repository `repo`; where there
+    is none, the copy of its config and labels in the caller's CHILDREN_DIR (`caller_dir`).
+
+    Triton copies a model's own folder, alone, from a remote repository (S3) to local disk:
+    there the siblings are absent, and bls-publish puts the copies in each flow model's folder."""
     model_dir = Path(repo) / name
+    if not (model_dir / "config.pbtxt").is_file() and caller_dir is not None:
+        copy = Path(caller_dir) / CHILDREN_DIR / name
+        if (copy / "config.pbtxt").is_file():
+            model_dir = copy
+        else:
+            raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'} and {Path(caller_dir).name} has no copy in "
+                              f"{copy}: fix the setting that names it, or add the model. From a remote repository (S3) "
+                              f"Triton copies only {Path(caller_dir).name}'s own folder: publish it with bls-publish, "
+                              f"which copies the config and labels of every model it calls into {CHILDREN_DIR}/")
     if not (model_dir / "config.pbtxt").is_file():
         raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'}: fix the setting that names it, or add the model")
     return child_model(name, parse_config(model_dir), model_dir)

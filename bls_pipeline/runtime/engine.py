@@ -81,14 +81,16 @@ class FlowRuntime:
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
              pin_versions: bool = False) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
-        child models' configs from the sibling folders; checked on a probe image. `device`:
-        None to decode and score with numpy on the CPU, or the torch device to do it on.
-        pin_versions: call each child's newest READY version by number (is_ready(model,
-        version)), from the version folders beside it."""
+        child models' configs from the sibling folders (or their copies beside the flow:
+        children.load_child); checked on a probe image. `device`: None to decode and score
+        with numpy on the CPU, or the torch device to do it on. pin_versions: call each
+        child's newest READY version by number (is_ready(model, version)), from the version
+        folders beside it; a child whose folder is not there (a repository on S3, where
+        Triton copies each model's folder alone) is called unpinned."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
-        children = {m: load_child(Path(model_dir).parent, m) for m in settings.models()}
+        children = {m: load_child(Path(model_dir).parent, m, Path(model_dir)) for m in settings.models()}
         if check:
             check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device))
         repo = Path(model_dir).parent
@@ -191,9 +193,10 @@ class FlowRuntime:
         """is_ready, with a readiness check that fails (the server shutting down) read as not
         READY. With pinned versions: whether any version is, the newest one noted."""
         try:
-            if self._versions_of is None:
+            versions = self._versions_of(model) if self._versions_of is not None else ()
+            if not versions:  # not pinned, or its folder is not beside this one (S3)
                 return bool(self._is_ready(model))
-            version = next((v for v in self._versions_of(model) if self._is_ready(model, v)), None)
+            version = next((v for v in versions if self._is_ready(model, v)), None)
             if version is not None:
                 self._serving[model] = version
             return version is not None

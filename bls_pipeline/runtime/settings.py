@@ -47,6 +47,9 @@ class RuntimeSettings:
 
 _DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_side")
 RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"] + list(_DECODE_KEYS)))
+# Parameters Triton's python backend reads itself (the model's execution environment:
+# bls-pack-env writes it): neither the runtime's nor a flow's, so no setting of theirs.
+BACKEND_KEYS = ("EXECUTION_ENV_PATH",)
 
 
 def _as_int(key: str, raw: str, minimum: int | None = None) -> int:
@@ -232,6 +235,7 @@ def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None,
     """Both kinds of settings from one model's parameters; unknown keys raise, listing the known ones."""
     flow_settings = flow_settings or _NoSettings
     known = sorted(set(RUNTIME_KEYS) | set(flow_settings.keys()))
+    params = {k: v for k, v in params.items() if k not in BACKEND_KEYS}
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for model {model}; known: {', '.join(known)}")

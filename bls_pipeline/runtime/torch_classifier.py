@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # Parameters a *_torch model may set besides these (read elsewhere): the python backend's
 # own and the preprocessing the flows read.
-_OTHER_KEYS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
+_OTHER_KEYS = ("FORCE_CPU_ONLY_INPUT_TENSORS", "EXECUTION_ENV_PATH")
 _OTHER_PREFIX = "preprocess_"
 _SWITCHES = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 

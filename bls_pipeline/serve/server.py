@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import repository
+from . import repository, s3
 from .paths import default_models
 from .watchdog import Watchdog
 
@@ -54,13 +54,14 @@ def free_port() -> int:
 
 @dataclass
 class ServerOptions:
-    model_repository: Path
+    model_repository: Path | str  # a folder, or an S3 address (s3://bucket/path, s3://host:port/bucket/path)
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
     models: tuple[str, ...] | None = None  # None: every model whose parts are present; else these and what they call
     exclude: dict[str, str] = field(default_factory=dict)  # models not to load: {name: why}
+    exclude_baselines: bool = False  # also leave out the bench baselines that `models` does not need (bls-serve)
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     exit_timeout_s: int = 20
     startup_timeout_s: float = 180.0
@@ -69,6 +70,9 @@ class ServerOptions:
     extra_args: tuple[str, ...] = ()
     # Probe python models with real inference and reload one whose stub died (0: off).
     watchdog_interval_s: float = 0.0
+    # The Python whose environment the python models run in (its bin goes first on PATH),
+    # of this one's version; None: this one. A model with EXECUTION_ENV_PATH runs in that instead.
+    python: Path | None = None
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, log_file: Path | None, **kwargs) -> "ServerOptions":
@@ -154,20 +158,28 @@ class TritonServer:
         """What start() will load and what it will skip (with why), without starting anything:
         a tool checks it has the models it needs before it waits for a server."""
         if self._plan is None:
-            repo = Path(self.options.model_repository).resolve()
+            self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
+            if s3.is_s3(self.options.model_repository):
+                # Tritonserver reads the bucket itself; the plan reads a local view of it, and
+                # a wrong region, credentials or bucket fail here with the cause, not in Triton's log.
+                repo = s3.download_for_planning(str(self.options.model_repository), self._workdir / "s3-view")
+            else:
+                repo = Path(self.options.model_repository).resolve()
             if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
                 raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
-            self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
-            self._binary = _find_binary(self._workdir)
+            self._binary = _find_binary(self._workdir, self.options.python)
             self.repository = repository.Repository.read(repo)
+            exclude = dict(self.options.exclude)
+            if self.options.exclude_baselines:
+                exclude = {**self.repository.baselines(self.options.models), **exclude}
             self._plan = repository.plan_loading(self.repository, _available_backends(self._binary),
-                                                 only=self.options.models, exclude=self.options.exclude)
+                                                 only=self.options.models, exclude=exclude)
             self.loaded, self.skipped = self._plan.load, self._plan.skipped
         return self._plan
 
     def start(self) -> None:
         opts = self.options
-        repo = Path(opts.model_repository).resolve()
+        repo = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
         plan = self.plan()
         binary = self._binary
         for name, why in plan.skipped.items():
@@ -397,12 +409,14 @@ def _url_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
-def _find_binary(workdir: Path) -> _Binary:
+def _find_binary(workdir: Path, python: Path | None = None) -> _Binary:
     env = dict(os.environ)
     # The python stub embeds libpython with an isolated config (PYTHONPATH is ignored) and
     # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
     # so models import the same bls_pipeline, numpy and torch (a venv's included).
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if python is not None:
+        _check_same_version(Path(python))
+    env["PATH"] = os.pathsep.join([str(Path(python or sys.executable).parent), env.get("PATH", "")])
     # glibc malloc gives every busy thread its own arena, and Triton runs many threads:
     # cap them (set MALLOC_ARENA_MAX yourself to override). The soak test reports the
     # resident memory this leaves (tests/integration/test_metrics_and_soak.py).
@@ -433,6 +447,18 @@ def _find_binary(workdir: Path) -> _Binary:
     return _Binary(root / "bin" / "tritonserver", backends, env, is_embedded=True)
 
 
+def _check_same_version(python: Path) -> None:
+    """The stub is built for this Python's version: another Python must be the same."""
+    want = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        got = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError as exc:
+        raise RuntimeError(f"cannot run the models' Python {python}: {exc}") from None
+    if got != want:
+        raise RuntimeError(f"the models' Python {python} is {got or 'not a Python'}; the stub here runs Python {want}")
+
+
 def _available_backends(binary: _Binary) -> set[str]:
     backend_dir = binary.backend_dir or Path("/opt/tritonserver/backends")
     if not backend_dir.is_dir():
@@ -444,7 +470,9 @@ def _available_backends(binary: _Binary) -> set[str]:
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model-repository", type=Path, default=default_models(), help="./models, else the checkout's")
+    p.add_argument("--model-repository", type=_repository_arg, default=default_models(),
+                   help="a folder (./models, else the checkout's), or s3://bucket/path or s3://host:port/bucket/path "
+                        "(credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
     p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST (KServe v2) port")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
@@ -459,6 +487,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.model_repository is None:
         p.error("no ./models here and no checkout's models/: pass --model-repository DIR")
     return args
+
+
+def _repository_arg(value: str) -> Path | str:
+    return value if s3.is_s3(value) else Path(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,20 +508,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.admin_key:
         opts.admin_key = args.admin_key
-    if not args.with_baselines and args.model_repository.is_dir():
-        opts.exclude = repository.Repository.read(args.model_repository).baselines(opts.models)
+    opts.exclude_baselines = not args.with_baselines
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server = TritonServer(opts)
     try:
         server.start()
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix
+    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
         server.stop()
         print(f"bls-serve: error: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"Serving {', '.join(server.loaded)} from {Path(opts.model_repository).resolve()}")
+        where = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
+        print(f"Serving {', '.join(server.loaded)} from {where}")
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
@@ -505,3 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         code = server.stop()
         log.info("tritonserver stopped (exit code %s)", code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

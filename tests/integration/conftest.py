@@ -8,7 +8,14 @@ per session); only tests that break or stop a server start their own.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +23,7 @@ import pytest
 from google.protobuf import text_format
 
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
-from bls_pipeline.serve.server import ServerOptions, TritonServer
+from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.integration
@@ -82,3 +89,62 @@ def server(model_repo, tmp_path_factory):
     srv = start_server(model_repo, tmp_path_factory.mktemp("logs"))
     yield srv
     srv.stop()
+
+
+# ---- S3: a real S3-compatible server (moto in server mode), for the S3 tests -----------------
+REGION = "us-east-1"
+
+
+def _moto_server() -> Path:
+    path = Path(sys.executable).parent / "moto_server"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: install the test extra (pip install 'bls-pipeline[test]'; scripts/setup.sh does)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """A moto S3 server on a free port that checks credentials: the first three requests
+    (creating an IAM user, its policy and its key) go through unsigned, every later one
+    needs that key. Yields (host:port, key id, secret)."""
+    import boto3
+
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    proc = subprocess.Popen([str(_moto_server()), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
+                break
+            except (urllib.error.URLError, OSError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start (exit {proc.poll()}); see {log.name}")
+                time.sleep(0.2)
+        iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name=REGION,
+                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="triton")
+        iam.put_user_policy(UserName="triton", PolicyName="models", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="triton")["AccessKey"]
+        yield f"127.0.0.1:{port}", key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def aws_env(s3_endpoint, monkeypatch):
+    """The environment tritonserver and bls-publish read: the key, the region."""
+    _, key_id, secret = s3_endpoint
+    for name in ("AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    # No ~/.aws of the machine's: only what is set here counts.
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)

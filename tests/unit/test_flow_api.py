@@ -473,3 +473,15 @@ def test_the_newest_ready_version_answers_and_route_names_it(repo):
     (v1,), _ = rt.run([ImageRequest([RED])], server.send)
     assert (v2.routes[0, 0], v1.routes[0, 0]) == (b"cls_a@2:main", b"cls_a:main")
     assert [c[:2] for c in server.calls] == [("cls_a", "2"), ("cls_a", "1")]
+
+
+def test_a_child_without_version_folders_beside_the_flow_is_called_unpinned(repo):
+    # A repository on S3: Triton copies each model's folder alone, so the flow sees no
+    # version folders of its children; it calls them as before pinning, and Triton picks.
+    server = Server(FUNCTIONS)
+    pinned = served(write_flow(repo, MAIN_ONLY), server)
+    rt = FlowRuntime(pinned.name, pinned.flow, pinned.settings, pinned.runtime, pinned.children, server.is_ready,
+                     versions_of=lambda model: (), clock=server.clock, sleep=server.sleep)
+    (result,), _ = rt.run([ImageRequest([RED])], server.send)
+    assert result.routes[0, 0] == b"cls_a:main"
+    assert [c[:2] for c in server.calls] == [("cls_a", "")]

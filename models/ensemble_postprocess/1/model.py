@@ -17,7 +17,7 @@ class TritonPythonModel:
         bridge_logging(pb_utils)
         params = model_parameters(args)
         self.k = int(params["default_topk"])
-        self.labels = load_child(Path(args["model_repository"]).parent, params["classifier"]).labels
+        self.labels = load_child(Path(args["model_repository"]).parent, params["classifier"], Path(args["model_repository"])).labels
         self.input = json.loads(args["model_config"])["input"][0]["name"]
         freeze_startup_objects()
 

@@ -15,7 +15,8 @@ from bls_pipeline.runtime.children import load_child
 class TritonPythonModel:
     def initialize(self, args):
         bridge_logging(pb_utils)
-        classifier = load_child(Path(args["model_repository"]).parent, model_parameters(args)["classifier"])
+        classifier = load_child(Path(args["model_repository"]).parent, model_parameters(args)["classifier"],
+                                Path(args["model_repository"]))
         self.spec = classifier.preprocess
         config = json.loads(args["model_config"])
         self.image, self.output = config["input"][0]["name"], config["output"][0]["name"]
