@@ -1,8 +1,9 @@
 # classify_bls on a GPU machine: NGC Triton (TensorRT + python backends).
 #   docker build -t classify-bls .            (add --build-arg WEIGHTS=/opt/bls/my.pth for your own)
 #   docker run --gpus all --shm-size 1g -p 8000:8000 -p 8001:8001 -p 8002:8002 classify-bls
-# The Triton image tag lives here and nowhere else: a current NGC release (26.10: Triton
-# 2.74, Python 3.12). The embedded Triton 2.51 (NGC 24.10) stays for local development only.
+# The Triton image tag lives here and nowhere else: a current NGC release (26.10; Ubuntu
+# 24.04 with Python 3.12, as every release since 25.01). The embedded Triton 2.51 (NGC
+# 24.10) stays for local development only.
 ARG TRITON_TAG=26.10
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-py3
 
