@@ -193,7 +193,7 @@ def _tiny_jpeg() -> bytes:
 # Triton's refusals under its queue policy (models/classify_bls/config.pbtxt): the overload errors.
 OVERLOADED = (r"Exceeds maximum queue size", r"Request timeout expired")
 OVERLOAD_CLIENTS, OVERLOAD_S = 256, 10.0
-# No request may take longer than this: the queue timeout (5 s), one execute() of a full batch
+# No request may take longer than this: the queue timeout (15 s), one execute() of a full batch
 # on this 2-core machine, and the client's own overhead with 256 threads, with a wide margin.
 HANG_BOUND_S = 60.0
 
