@@ -7,7 +7,8 @@ Two kinds of keys, checked together:
   attributes with defaults (name, type, default), e.g. `tta_threshold: Probability = 0.25`.
 
 Every value is a string in config.pbtxt. An unknown key or a bad value raises ConfigError
-naming the model, the key and what to write instead.
+naming the model, the key and what to write instead. One key more is accepted and ignored:
+RELOAD_KEY, which the launcher's reload sets (serve/server.py `reload_model`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from ..stages.decode import DEFAULT_FORMATS, DecodePolicy
 
-__all__ = ["Candidates", "ConfigError", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
+__all__ = ["Candidates", "ConfigError", "Probability", "RELOAD_KEY", "RuntimeSettings", "Settings", "parse_settings"]
 
 
 class ConfigError(ValueError):
@@ -44,6 +45,10 @@ class RuntimeSettings:
     max_request_bytes: int = 64 * 1024 * 1024  # images in one request, summed
     decode: DecodePolicy = DecodePolicy()
 
+
+# Set by the launcher's reload, never read: a load whose config differs from the one served
+# is what makes Triton load a fresh copy beside the serving one (serve/server.py).
+RELOAD_KEY = "reload_generation"
 
 _DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_side")
 RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"] + list(_DECODE_KEYS)))
@@ -235,7 +240,7 @@ def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None,
     """Both kinds of settings from one model's parameters; unknown keys raise, listing the known ones."""
     flow_settings = flow_settings or _NoSettings
     known = sorted(set(RUNTIME_KEYS) | set(flow_settings.keys()))
-    params = {k: v for k, v in params.items() if k not in BACKEND_KEYS}
+    params = {k: v for k, v in params.items() if k not in BACKEND_KEYS and k != RELOAD_KEY}
     unknown = sorted(set(params) - set(known))
     if unknown:
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for model {model}; known: {', '.join(known)}")

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .settings import ConfigError
+from .settings import BACKEND_KEYS, RELOAD_KEY, ConfigError
 
 __all__ = ["TorchClassifier", "TorchSettings", "exported_weights"]
 
 log = logging.getLogger(__name__)
 
 # Parameters a *_torch model may set besides these (read elsewhere): the python backend's
-# own and the preprocessing the flows read.
-_OTHER_KEYS = ("FORCE_CPU_ONLY_INPUT_TENSORS", "EXECUTION_ENV_PATH")
+# own, the launcher's reload mark and the preprocessing the flows read.
+_OTHER_KEYS = ("FORCE_CPU_ONLY_INPUT_TENSORS", *BACKEND_KEYS, RELOAD_KEY)
 _OTHER_PREFIX = "preprocess_"
 _SWITCHES = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 

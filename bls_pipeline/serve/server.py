@@ -29,6 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .paths import default_models
 from .watchdog import Watchdog
@@ -276,9 +277,24 @@ class TritonServer:
         self._admin_post(f"/v2/repository/models/{model}/unload")
 
     def reload_model(self, model: str) -> None:
-        """Unload then load: a plain load of a loaded, unchanged model is a no-op in Triton, and
-        so is (on 2.51) a load with its config as served. Requests to it are refused in
-        between; a flow calling it waits for it (child_retry_s)."""
+        """A fresh copy of the model, loaded while the old one keeps serving.
+
+        A plain load of a loaded, unchanged model is a no-op in Triton, and so is (on 2.51) a
+        load with its config as served. A load whose config differs loads every version
+        again beside the serving copy and swaps the new one in once READY. So this loads the
+        config as served (a rollout's version policy included) with RELOAD_KEY counted up.
+        Where that load fails, it unloads then loads the model, and requests to it are
+        refused in between (a flow calling it waits for it: child_retry_s)."""
+        try:
+            config = self._admin_call("GET", f"/v2/models/{model}/config")
+            params = config.setdefault("parameters", {})
+            previous = params.get(RELOAD_KEY, {}).get("string_value", "0")
+            params[RELOAD_KEY] = {"string_value": str(int(previous) + 1 if previous.isdigit() else 1)}
+            self._admin_post(f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
+            return
+        except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+            log.error("reloading %r beside its serving copy failed (%s): unloading then loading it, "
+                      "requests to it are refused meanwhile", model, exc)
         self.unload_model(model)
         self.load_model(model)
 

@@ -7,9 +7,10 @@ model's stub processes in the server's process group (one per instance, named by
 instance in their command line): a model with some instances alive and one gone has lost
 a stub. It also sends each python model a small real inference, which catches a model
 whose only stub died (models are probed in the order given: called models first). Either
-way it unloads and loads that model, logging loudly. Probe timeouts (a busy server) never
-trigger a reload. (One probe alone would reach the dead
-instance of a model with several only when Triton happened to schedule it there.)
+way it reloads that model (the server's `reload_model`: a fresh copy loaded while the old
+one serves), logging loudly. Probe timeouts (a busy server) never trigger a reload. (One
+probe alone would reach the dead instance of a model with several only when Triton
+happened to schedule it there.)
 """
 
 from __future__ import annotations

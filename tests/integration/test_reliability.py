@@ -128,25 +128,29 @@ def test_a_killed_classifier_stub_loses_no_request(reliable_server, sample_image
 def test_a_killed_flow_instance_fails_only_what_reached_it_before_the_reload(reliable_server, sample_images):
     srv = reliable_server
     victim = f"{FLOW}_0_0"
+    kills, events = [], []
     with Load(srv, sample_images["mug"]) as load:
         load.wait_for(4)
-        recoveries = len(srv.watchdog.recoveries)
-        os.kill(_stub_pid(srv, victim), signal.SIGKILL)
-        killed = time.monotonic()
-        event = _wait_for_recovery(srv, FLOW, recoveries)
-        load.wait_for(4, sent_after=event.recovered_at)
-    summary = load.summary("classify_bls instance stub killed")
-    # What fails (docs/reliability.md): the requests the dead instance held or Triton gave it
-    # until the watchdog unloaded the model, then those refused while it was loaded again.
-    # Each says which; none sent after the reload fails.
+        for _ in range(2):  # the second time, the flow serves the config the first reload loaded
+            recoveries = len(srv.watchdog.recoveries)
+            os.kill(_stub_pid(srv, victim), signal.SIGKILL)
+            kills.append(time.monotonic())
+            events.append(_wait_for_recovery(srv, FLOW, recoveries))
+            load.wait_for(4, sent_after=events[-1].recovered_at)
+    summary = load.summary("classify_bls instance stub killed, twice")
+    # What fails (docs/reliability.md): the requests the dead instance held, and those Triton
+    # gave it until the fresh copy the watchdog loads beside the serving one was swapped in
+    # (the reload's end). Nothing is refused: the model serves throughout the reload.
     dead = rf"Stub process '{victim}' is not healthy"
-    reloading = rf"Request for unknown model: '{FLOW}' has no available versions"
     failed = [r for r in load.records if r.error]
     for r in failed:
-        assert re.search(dead, r.error) or re.search(reloading, r.error), r.error
-        assert r.sent < event.recovered_at, (r, event)
-    assert [r for r in failed if re.search(dead, r.error) and r.answered > killed], "no request reached the dead instance"
-    assert summary["answered"] > 0 and not [r for r in load.records if r.sent > event.recovered_at and r.error]
+        assert re.search(dead, r.error), r.error
+        assert any(killed < r.answered and r.sent < e.recovered_at for killed, e in zip(kills, events)), (r, events)
+    for killed, e in zip(kills, events):
+        assert [r for r in failed if killed < r.answered and r.sent < e.recovered_at], "no request reached the dead instance"
+        assert [r for r in load.records if e.detected_at < r.sent and r.answered < e.recovered_at and r.route], \
+            "nothing was answered while the flow reloaded"
+    assert summary["answered"] > 0 and not [r for r in load.records if r.sent > events[-1].recovered_at and r.error]
 
 
 def test_a_rollout_forward_and_back_under_load_loses_no_request(reliable_server, reliable_repo, sample_images):

@@ -16,7 +16,7 @@ from bls_pipeline import contract
 from bls_pipeline.runtime.children import load_child
 from bls_pipeline.runtime.loader import load_flow
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.runtime.settings import RELOAD_KEY, ConfigError
 from bls_pipeline.runtime.torch_classifier import TorchSettings
 from bls_pipeline.serve.repository import plan_loading
 
@@ -60,6 +60,7 @@ def test_the_launcher_skips_gpu_instances_where_no_gpu_is_visible(tmp_path, monk
 
 
 def test_torch_settings_refuse_what_they_do_not_know():
+    assert TorchSettings.parse({RELOAD_KEY: "1"}, "m") == TorchSettings()  # the launcher's reload mark
     with pytest.raises(ConfigError, match="unknown parameter\\(s\\) cuda_graph for model m; known: artifact"):
         TorchSettings.parse({"cuda_graph": "1"}, "m")
     with pytest.raises(ConfigError, match="precision='bf16': write fp16 or fp32"):

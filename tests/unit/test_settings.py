@@ -13,7 +13,8 @@ import pytest
 from bls_pipeline.stages.decode import DEFAULT_FORMATS, DecodePolicy
 from bls_pipeline.stages.preprocess import PreprocessSpec
 from bls_pipeline.runtime.children import child_model, load_child
-from bls_pipeline.runtime.settings import Candidates, ConfigError, Probability, RuntimeSettings, Settings, parse_settings
+from bls_pipeline.runtime.settings import (RELOAD_KEY, Candidates, ConfigError, Probability, RuntimeSettings, Settings,
+                                           parse_settings)
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -76,6 +77,11 @@ def test_each_key_parses(key, raw, read, expected):
     changed = {f.name for f in dataclasses.fields(RuntimeSettings) if getattr(runtime, f.name) != getattr(RuntimeSettings(), f.name)}
     changed |= {f.name for f in dataclasses.fields(ClassifySettings) if getattr(flow, f.name) != getattr(ClassifySettings(), f.name)}
     assert changed <= {key, "decode"}
+
+
+def test_the_launchers_reload_mark_is_accepted_and_ignored():
+    plain = parse_settings({"classifiers": "a"}, ClassifySettings, "my_flow")
+    assert parse_settings({"classifiers": "a", RELOAD_KEY: "3"}, ClassifySettings, "my_flow") == plain
 
 
 def test_unknown_key_lists_the_known_ones_and_names_the_model():
