@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import logging
 import os
 import secrets
@@ -86,6 +87,14 @@ class ServerOptions:
 class StopReport:
     code: int | None  # tritonserver's exit status; -9 when it had to be killed
     drained: bool  # every model was unloaded (no request in flight) before SIGTERM
+    stuck_copies: int = 0  # model copies Triton still waited on after the drain (killed then)
+
+
+# What Triton logs each second of its exit timeout. After a drain nothing is loaded or in
+# flight, so a live model it still finds is a copy that can no longer unload: on Triton
+# 2.51, one that received a request after its python stub died (the watchdog had loaded a
+# fresh copy beside it). Waiting out --exit-timeout-secs for it ends in exit code 1.
+_STUCK = re.compile(r"Found (\d+) live models and 0 in-flight")
 
 
 @dataclass(frozen=True)
@@ -343,7 +352,7 @@ class TritonServer:
                 watchdog.stop()
             except Exception as exc:  # noqa: BLE001 - never let it keep the server alive
                 log.warning("stopping the watchdog failed: %s", exc)
-        drained = False
+        drained, stuck = False, 0
         if self.running():
             try:
                 drained = self._drain(self.options.exit_timeout_s)
@@ -353,14 +362,15 @@ class TritonServer:
         code = None
         if proc is not None:
             if proc.poll() is None:
+                offset = self._log_size()
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=self.options.exit_timeout_s + 5)
+                    stuck = self._wait_for_exit(proc, drained, offset)
                 except subprocess.TimeoutExpired:
                     self._report_hang(proc.pid, drained)
-            _kill_group(proc.pid)  # its stubs too, and the server itself if it hung
+            _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
             code = proc.wait(timeout=10)
-        self.last_stop = StopReport(code, drained)
+        self.last_stop = StopReport(code, drained, stuck)
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
         if self._log_handle:
@@ -370,6 +380,31 @@ class TritonServer:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir, self._binary, self._plan = None, None, None
         return code
+
+    def _log_size(self) -> int:
+        path = self.options.log_file
+        return Path(path).stat().st_size if path and Path(path).exists() else 0
+
+    def _wait_for_exit(self, proc: subprocess.Popen, drained: bool, offset: int) -> int:
+        """Wait for tritonserver to exit after SIGTERM; 0, or, after a drain, the number of
+        stuck model copies it waits on (see _STUCK), which it would wait on until its exit
+        timeout: then it is stopped at once (by the caller), nothing being in flight."""
+        deadline = time.monotonic() + self.options.exit_timeout_s + 5
+        while proc.poll() is None:
+            if drained and self.options.log_file:
+                with open(self.options.log_file, errors="replace") as f:
+                    f.seek(offset)
+                    found = [int(n) for n in _STUCK.findall(f.read())]
+                if len(found) >= 2 and found[-1] > 0:  # two of its one-second lines: not a copy still unloading
+                    log.warning("after the drain tritonserver still waited on %d model copy(ies) that cannot unload "
+                                "(Triton 2.51 keeps a copy that got a request after its python stub died): stopped "
+                                "it at once instead of waiting %ss; no request was in flight", found[-1],
+                                self.options.exit_timeout_s)
+                    return found[-1]
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(proc.args, self.options.exit_timeout_s + 5)
+            time.sleep(0.1)
+        return 0
 
     def _report_hang(self, pid: int, drained: bool) -> None:
         """Say loudly that tritonserver ignored SIGTERM, with its threads' stacks if gdb is here."""
@@ -552,7 +587,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         code = server.stop()
-        log.info("tritonserver stopped (exit code %s)", code)
+        report = server.last_stop
+        if report is not None and report.stuck_copies:
+            log.info("tritonserver stopped after a full drain (%d stuck model copy(ies) left behind by a dead stub)",
+                     report.stuck_copies)
+        else:
+            log.info("tritonserver stopped (exit code %s)", code)
 
 
 if __name__ == "__main__":

@@ -281,3 +281,32 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     for message in errors:  # while dead: the stub's error; while reloading: another classifier or none ready
         assert "is not healthy" in message or "no classifier is ready" in message, message
     print(f"stub of {victim} killed: reloaded after {event.recovered_at - killed:.1f} s, errors meanwhile: {dict(errors)}")
+
+
+def test_a_copy_left_stuck_by_a_dead_stub_does_not_hold_up_the_stop(model_repo, tmp_path_factory, server_factory):
+    """On Triton 2.51 a model copy that got a request after its python stub died never
+    finishes unloading: after the watchdog's reload, tritonserver would wait out its whole
+    exit timeout on it at stop and exit 1. After a full drain nothing is in flight, so the
+    launcher stops it at once and says why."""
+    import tritonclient.http as th
+
+    srv = server_factory(model_repo, tmp_path_factory.mktemp("stuck"), models=(MAIN,), watchdog_interval_s=1.0,
+                         exit_timeout_s=20)
+    try:
+        os.kill(_stub_pid(srv, f"{MAIN}_0_0"), signal.SIGKILL)
+        client = th.InferenceServerClient(srv.http_url)
+        pixels = th.InferInput("input", [1, 3, 224, 224], "FP32")
+        pixels.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+        with pytest.raises(InferenceServerException, match="is not healthy"):
+            client.infer(MAIN, [pixels])  # the request that leaves the old copy stuck
+        client.close()
+        deadline = time.monotonic() + 30
+        while not (srv.watchdog.recoveries and srv.watchdog.recoveries[-1].recovered_at):
+            assert time.monotonic() < deadline, "the watchdog did not reload the model"
+            time.sleep(0.2)
+    finally:
+        began = time.monotonic()
+        srv.stop()
+        took = time.monotonic() - began
+    assert srv.last_stop.drained and srv.last_stop.stuck_copies == 1, srv.last_stop
+    assert took < 10, f"the stop took {took:.1f} s: it waited out the exit timeout (20 s)"
