@@ -308,5 +308,6 @@ def test_a_copy_left_stuck_by_a_dead_stub_does_not_hold_up_the_stop(model_repo, 
         began = time.monotonic()
         srv.stop()
         took = time.monotonic() - began
+    print(f"\nstop with a copy left stuck by a dead stub: {took:.1f} s, {srv.last_stop}")
     assert srv.last_stop.drained and srv.last_stop.stuck_copies == 1, srv.last_stop
     assert took < 10, f"the stop took {took:.1f} s: it waited out the exit timeout (20 s)"
