@@ -77,31 +77,3 @@ def onnx_reference(resnet50_artifacts):
     except Exception as exc:  # noqa: BLE001 - e.g. built for another numpy
         pytest.skip(f"onnxruntime does not import here: {type(exc).__name__}: {exc}")
     return ort.InferenceSession(str(resnet50_artifacts["onnx"]), providers=["CPUExecutionProvider"])
-
-def _encode(img, fmt: str, **save_kwargs) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    img.save(buf, fmt, **save_kwargs)
-    return buf.getvalue()
-
-
-def _smooth_image(width: int, height: int):
-    """Low-frequency RGB gradients, closer to a photo than noise is."""
-    import numpy as np
-    from PIL import Image
-
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    u, v = x / max(width - 1, 1), y / max(height - 1, 1)
-    rgb = np.stack([u, v, 0.5 + 0.5 * np.sin(6.0 * u + 4.0 * v)], axis=-1)
-    return Image.fromarray((rgb * 255.0 + 0.5).astype(np.uint8), "RGB")
-
-
-@pytest.fixture(scope="session")
-def encode():
-    return _encode
-
-
-@pytest.fixture(scope="session")
-def smooth_image():
-    return _smooth_image
