@@ -21,14 +21,11 @@ a version in both keeps serving untouched):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
-from .server import ADMIN_HEADER
+from .admin import AdminError, RepositoryAdmin
 
 __all__ = ["RolloutError", "RolloutStep", "roll", "main"]
 
@@ -44,47 +41,18 @@ class RolloutStep:
     done: float  # ... when the server answered it (every version in `versions` READY)
 
 
-class _Admin:
-    """Triton's repository and config APIs, with the admin key."""
-
-    def __init__(self, url: str, admin_key: str, timeout_s: float):
-        self.base = url if url.startswith("http") else f"http://{url}"
-        self.headers = {ADMIN_HEADER: admin_key, "Content-Type": "application/json"}
-        self.timeout_s = timeout_s
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> object:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=self.headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                text = r.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            try:
-                detail = json.loads(detail).get("error", detail)
-            except ValueError:
-                pass
-            raise RolloutError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise RolloutError(f"no server at {self.base} ({exc}): check --url") from None
-        return json.loads(text) if text else None
-
-    def ready_versions(self, model: str) -> tuple[int, ...]:
-        index = self._call("POST", "/v2/repository/index", {"ready": True})
-        return tuple(sorted(int(m["version"]) for m in index if m.get("name") == model and m.get("state") == "READY"
-                            and str(m.get("version", "")).isdigit()))
-
-    def config(self, model: str) -> dict:
-        return self._call("GET", f"/v2/models/{model}/config")  # type: ignore[return-value]
-
-    def load(self, model: str, config: dict) -> None:
-        self._call("POST", f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
-
-
 def roll(url: str, admin_key: str, model: str, version: int, *, keep_old: bool = False, timeout_s: float = 600.0,
          say=lambda line: None) -> list[RolloutStep]:
     """Roll `model` on the server at `url` (host:port of its HTTP endpoint) to `version`."""
-    admin = _Admin(url, admin_key, timeout_s)
+    admin = RepositoryAdmin(url, admin_key, timeout_s)
+    try:
+        return _roll(admin, model, version, keep_old, say)
+    except AdminError as exc:
+        hint = ": check --url" if str(exc).startswith("no server at") else ""
+        raise RolloutError(f"{exc}{hint}") from None
+
+
+def _roll(admin: RepositoryAdmin, model: str, version: int, keep_old: bool, say) -> list[RolloutStep]:
     serving = admin.ready_versions(model)
     if not serving:
         raise RolloutError(f"model {model} has no READY version on {admin.base}: load it first (a rollout moves a serving model)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import re
 import logging
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
+from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
 from .watchdog import Watchdog
 
@@ -39,7 +39,6 @@ __all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
 
 log = logging.getLogger(__name__)
 
-ADMIN_HEADER = "triton-admin-key"
 # Over gRPC, Triton looks for the key under the protocol-prefixed metadata name.
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # APIs a client never needs for inference; behind the key so a local process cannot
@@ -261,8 +260,8 @@ class TritonServer:
         """The server that answered the readiness poll is the one started here: only it knows
         this run's admin key (another server on the same port would refuse it)."""
         try:
-            self._states()
-        except (urllib.error.URLError, OSError) as exc:
+            self.admin.states()
+        except AdminError as exc:
             raise RuntimeError(f"the server answering on {self.http_url} is not the one started here ({exc}): "
                                "is another server using that port?") from None
 
@@ -279,11 +278,16 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    @property
+    def admin(self) -> RepositoryAdmin:
+        """The repository and config APIs of this server, with its admin key."""
+        return RepositoryAdmin(self.http_url, self.options.admin_key)
+
     def load_model(self, model: str) -> None:
-        self._admin_post(f"/v2/repository/models/{model}/load")
+        self.admin.load(model)
 
     def unload_model(self, model: str) -> None:
-        self._admin_post(f"/v2/repository/models/{model}/unload")
+        self.admin.unload(model)
 
     def reload_model(self, model: str) -> None:
         """A fresh copy of the model, loaded while the old one keeps serving.
@@ -295,13 +299,13 @@ class TritonServer:
         Where that load fails, it unloads then loads the model, and requests to it are
         refused in between (a flow calling it waits for it: child_retry_s)."""
         try:
-            config = self._admin_call("GET", f"/v2/models/{model}/config")
+            config = self.admin.config(model)
             params = config.setdefault("parameters", {})
             previous = params.get(RELOAD_KEY, {}).get("string_value", "0")
             params[RELOAD_KEY] = {"string_value": str(int(previous) + 1 if previous.isdigit() else 1)}
-            self._admin_post(f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
+            self.admin.load(model, config)
             return
-        except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+        except (AdminError, ValueError, AttributeError) as exc:
             log.error("reloading %r beside its serving copy failed (%s): unloading then loading it, "
                       "requests to it are refused meanwhile", model, exc)
         self.unload_model(model)
@@ -313,27 +317,12 @@ class TritonServer:
         for stage in repository.drain_stages(self.repository, self.loaded):
             for model in stage:
                 self.unload_model(model)
-            while any(state in ("READY", "UNLOADING") for name, state in self._states().items() if name in stage):
+            while any(state in ("READY", "UNLOADING") for name, state in self.admin.states().items() if name in stage):
                 if time.monotonic() > deadline:
                     log.warning("models still busy after %ss of draining: stopping anyway", timeout_s)
                     return False
                 time.sleep(0.1)
         return True
-
-    def _states(self) -> dict[str, str]:
-        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=self.admin_headers)
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return {m["name"]: m.get("state", "") for m in json.loads(r.read())}
-
-    def _admin_post(self, path: str, body: dict | None = None) -> None:
-        self._admin_call("POST", path, body or {})
-
-    def _admin_call(self, method: str, path: str, body: dict | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://{self.http_url}{path}", data=data, method=method, headers=self.admin_headers)
-        with urllib.request.urlopen(req, timeout=300) as r:
-            text = r.read()
-        return json.loads(text) if text else None
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

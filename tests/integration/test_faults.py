@@ -144,7 +144,7 @@ def _wait_for_route(client, image: bytes, route: str, timeout: float = 10.0) -> 
 
 def _wait_until_unloaded(server, model: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while server._states().get(model) in ("READY", "UNLOADING"):
+    while server.admin.states().get(model) in ("READY", "UNLOADING"):
         assert time.monotonic() < deadline, f"{model} still loaded after {timeout:.0f}s"
         time.sleep(0.05)
 
