@@ -82,20 +82,21 @@ def tensor_set(images: list[bytes]) -> list[np.ndarray]:
     return tensors
 
 
-def _model(target: str) -> str:
+def _model(target: str, classifier: str = CLASSIFIER) -> str:
     if target == "classifier":
-        return CLASSIFIER
+        return classifier
     if target in CASCADES:
         return "classify_bls_cascade_" + CASCADES[target].replace(".", "")
     return target
 
 
-def build_request(tc, target: str, payload) -> tuple[str, list, list]:
-    """Model name, inputs and outputs for one request, built once and reused."""
+def build_request(tc, target: str, payload, classifier: str = CLASSIFIER) -> tuple[str, list, list]:
+    """Model name, inputs and outputs for one request, built once and reused. The
+    "classifier" target is `classifier` fed preprocessed tensors."""
     if target == "classifier":
         inp = tc.InferInput(CLASSIFIER_INPUT.name, list(payload.shape), "FP32")
         inp.set_data_from_numpy(payload)
-        return CLASSIFIER, [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
+        return classifier, [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
     inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
     inp.set_data_from_numpy(np.array([[payload]], dtype=object))
     outputs = [tc.InferRequestedOutput(LABELS.name)]
@@ -113,7 +114,7 @@ def _server_stats(client, model: str) -> dict[str, int]:
 
 
 def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: list, duration_s: float,
-              warmup_s: float) -> Point:
+              warmup_s: float, classifier: str = CLASSIFIER) -> Point:
     tc = tritonclient_module(protocol)
     stop_at = [float("inf")]
     record_from = [float("inf")]
@@ -124,7 +125,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
 
     def worker(w: int) -> None:
         client = tc.InferenceServerClient(url)
-        requests = [build_request(tc, target, p) for p in payloads]
+        requests = [build_request(tc, target, p, classifier) for p in payloads]
         i = w
         start_gate.wait()
         while True:
@@ -151,7 +152,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     for t in threads:
         t.start()
     stats_client = tc.InferenceServerClient(url)
-    model = _model(target)
+    model = _model(target, classifier)
     start_gate.wait()
     now = time.perf_counter()
     record_from[0], stop_at[0] = now + warmup_s, now + warmup_s + duration_s

@@ -432,12 +432,6 @@ def _variant(model_dir: Path, name: str, params: dict[str, str], kind: str, coun
     return text_format.MessageToString(config)
 
 
-def _load_worker(target: str, model: str) -> None:
-    """In a client process: the classifier target means `model` (bls-bench's is resnet50_onnx).
-    TODO(bench hook): bench.run_point taking the classifier's name would make this unnecessary."""
-    bench.CLASSIFIER = model
-
-
 def _run_points(url: str, target: str, model: str, concurrency: int, payloads: list, args, pool) -> bench.Point:
     """One load point from `procs` client processes at once (one Python process's gRPC client
     saturates near a few thousand requests/s): images/s summed; latency percentiles and the
@@ -453,9 +447,13 @@ def _run_points(url: str, target: str, model: str, concurrency: int, payloads: l
                        mean("server_queue_ms"), mean("server_compute_ms"))
 
 
+def _started(_: int) -> None:
+    """Nothing: a spawned client process that runs it has imported this module (and bench)."""
+
+
 def _point_in_process(url, target, model, concurrency, payloads, duration, warmup) -> bench.Point:
-    _load_worker(target, model)
-    return bench.run_point(url, "grpc", target, concurrency, payloads, duration, warmup)
+    """In a client process: the classifier target means `model` (bls-bench's is resnet50_onnx)."""
+    return bench.run_point(url, "grpc", target, concurrency, payloads, duration, warmup, classifier=model)
 
 
 def gpu_memory(loaded: tuple[str, ...]) -> dict:
@@ -508,7 +506,7 @@ def cmd_serve(args) -> int:
         report["loaded"] = list(server.loaded)
         report["gpu_memory_mib"]["after_load"] = gpu_memory(server.loaded)
         with ProcessPoolExecutor(max_workers=args.client_procs, mp_context=get_context("spawn")) as pool:
-            list(pool.map(_load_worker, ["classifier"] * args.client_procs, [CEILING] * args.client_procs))  # imports done
+            list(pool.map(_started, range(args.client_procs)))  # the client processes up, their imports done
             grid = [(target, model, c) for c in args.concurrency for target, model in targets]
             for target, model, c in tqdm(grid, desc="serve", unit="point"):
                 if deadline is not None and time.monotonic() + per_point > deadline:
