@@ -21,11 +21,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from PIL import Image
+
+from .processes import stub_instances
 
 __all__ = ["Recovery", "Watchdog", "dead_stub_model"]
 
@@ -81,24 +82,6 @@ def instance_names(model: str, config) -> set[str]:
             for i in range(group.count or 1)}
 
 
-def live_stubs(pgid: int) -> set[str]:
-    """The model instances whose python stub process is alive (not a zombie) in that process group."""
-    alive = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
-                continue
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 8:
-            alive.add(argv[8].decode())
-    return alive
-
-
 class Watchdog(threading.Thread):
     def __init__(self, url: str, configs: dict, reload: Callable[[str], None], interval_s: float = 2.0,
                  probe_timeout_s: float = 10.0, pgid: int | None = None):
@@ -135,7 +118,7 @@ class Watchdog(threading.Thread):
         """Models with some stub processes alive and some gone (all gone: the probe finds it)."""
         if self._pgid is None:
             return []
-        alive = live_stubs(self._pgid)
+        alive = set(stub_instances(self._pgid).values())
         return [m for m, names in self._instances.items() if names & alive and names - alive]
 
     def _probe(self, model: str, inputs: list) -> str | None:

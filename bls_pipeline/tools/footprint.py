@@ -1,7 +1,7 @@
 """`bls-footprint`: how much memory a served model repository takes, idle and under load.
 
 Starts tritonserver on the repository as bls-serve would (every model whose parts are
-present, the benchmark baselines left out), then reads each process of its group from /proc: private memory (pages only it
+present, the benchmark baselines left out), then reads it and each python stub from /proc: private memory (pages only it
 holds: Private_Clean + Private_Dirty of smaps_rollup) and shared memory (the python
 backend's /dev/shm tensor regions and the libraries, counted once per process that
 touched them). Measured at idle, after the load-time imports, and again after `--load-s`
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..runtime.loader import is_flow_model
 from ..serve.paths import default_models, default_samples
+from ..serve.processes import stub_instances
 from ..serve.repository import Repository
 from ..serve.server import ServerOptions, TritonServer
 from .bench import make_image_set, run_point
@@ -42,19 +43,13 @@ def _smaps_mib(pid: int) -> tuple[float, float]:
 
 
 def measure(server: TritonServer) -> list[Footprint]:
-    """Every process of the server's process group, its private and shared memory."""
+    """tritonserver and each of its python stubs: private and shared memory."""
     rows = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid, name in {server.pid: "tritonserver", **stub_instances(server.pid)}.items():
         try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != server.pid:  # pgrp
-                continue
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            private, shared = _smaps_mib(int(proc.name))
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
-        name = "tritonserver" if int(proc.name) == server.pid else (cmd[8].decode() if len(cmd) > 8 else cmd[0].decode())  # the stub instance
+            private, shared = _smaps_mib(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # gone meanwhile
         rows.append(Footprint(name, private, shared))
     return sorted(rows, key=lambda r: (r.process != "tritonserver", r.process))
 

@@ -14,6 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.serve.client import ClassifyClient
+from bls_pipeline.serve.processes import stub_instances
 
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"
@@ -88,19 +89,7 @@ def _shm_pool_kib(prefix: str) -> int:
 
 def _processes(server) -> dict[int, str]:
     """tritonserver and its python stubs: pid -> name (model instance for stubs)."""
-    out = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if int((proc / "stat").read_text().split(") ")[1].split()[2]) != server.pid:  # process group
-                continue
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        # a python stub's argv[8] is its model instance name (e.g. classify_bls_0_1)
-        out[int(proc.name)] = argv[8].decode() if b"stub" in argv[0] and len(argv) > 8 else Path(argv[0].decode()).name
-    return out
+    return {server.pid: "tritonserver", **stub_instances(server.pid)}
 
 
 def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):

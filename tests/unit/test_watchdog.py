@@ -7,7 +7,8 @@ import tritonclient.http as tc
 
 from bls_pipeline.runtime.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
-from bls_pipeline.serve.watchdog import Watchdog, _probe_inputs, dead_stub_model, instance_names, live_stubs
+from bls_pipeline.serve.processes import stub_instances
+from bls_pipeline.serve.watchdog import Watchdog, _probe_inputs, dead_stub_model, instance_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -38,14 +39,14 @@ def test_instance_names_follow_the_config():
 def test_a_model_with_one_of_its_stubs_gone_is_lost(monkeypatch):
     configs = {m: parse_config(MODELS / m) for m in ("classify_bls", "resnet50_onnx")}
     dog = Watchdog("127.0.0.1:1", configs, reload=lambda m: None, pgid=12345)
-    monkeypatch.setattr(watchdog, "live_stubs", lambda pgid: {"classify_bls_0_1", "resnet50_onnx_0_0"})
+    monkeypatch.setattr(watchdog, "stub_instances", lambda pgid: {11: "classify_bls_0_1", 12: "resnet50_onnx_0_0"})
     assert dog._lost_stubs() == ["classify_bls"]
-    monkeypatch.setattr(watchdog, "live_stubs", lambda pgid: {"classify_bls_0_0", "classify_bls_0_1"})
+    monkeypatch.setattr(watchdog, "stub_instances", lambda pgid: {11: "classify_bls_0_0", 12: "classify_bls_0_1"})
     assert dog._lost_stubs() == []  # resnet50_onnx's only stub gone: left to the inference probe
     dog._client.close()
 
 
-def test_live_stubs_of_a_group_with_none_is_empty():
+def test_stub_instances_of_a_group_with_none_is_empty():
     import os
 
-    assert live_stubs(os.getpgrp()) == set()  # pytest's own group runs no stub
+    assert stub_instances(os.getpgrp()) == {}  # pytest's own group runs no stub
