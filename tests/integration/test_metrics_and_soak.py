@@ -169,11 +169,13 @@ def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):
     # The leak check is on private memory. RssShmem is the python backend's tensor transport:
     # regions that grow (never shrink) to the traffic's high-water mark, counted again in every
     # process that touched a page of them; the print above reports them. 1 MiB of slack for
-    # tritonserver, whose private memory is only ~12 MB. A leak climbs from sample to sample;
-    # a one-off step (an allocator arena for a thread's first big request, seen once at the
-    # soak's start: +6 MB in a flow stub, flat after) is allowed up to 8 MiB.
+    # tritonserver, whose private memory is only ~12 MB. A leak climbs from sample to sample.
+    # A one-off step when the soak starts is a high-water mark, not a leak: onnxruntime's
+    # arena grows to the largest batch it has seen (+25 MB in resnet50_onnx once, flat
+    # after), an allocator arena for a thread's first big request (+6 MB in a flow stub); a
+    # step is allowed up to a quarter of the process.
     for name in start:
         climb = series[name][-1] - series[name][0]
         grown = end[name]["RssAnon"] - start[name]["RssAnon"]
         assert climb <= 0.05 * start[name]["RssAnon"] + 1024, f"{name}: private memory climbed by {climb} KiB: {series[name]}"
-        assert grown <= 0.05 * start[name]["RssAnon"] + 8192, f"{name}: private memory grew by {grown} KiB: {series[name]}"
+        assert grown <= 0.25 * start[name]["RssAnon"] + 8192, f"{name}: private memory grew by {grown} KiB: {series[name]}"
