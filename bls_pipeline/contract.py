@@ -28,6 +28,21 @@ ROUTE = TensorSpec("ROUTE", "STRING", (1,))
 
 CLASSIFY_INPUTS = (IMAGE, TOPK)
 CLASSIFY_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)
+STANDARD_OUTPUTS = tuple(t.name for t in CLASSIFY_OUTPUTS)  # every flow model's, filled by the runtime
+
+# A flow model that answers regions (answer.attach) declares those of these it sends. Per
+# image, a variable number of regions R: a request's images are padded to the most regions
+# of any of them (boxes 0, labels b"", scores 0, class ids -1, route b""); REGION_COUNT
+# says how many of each image's rows are real (Triton's convention for ragged outputs, as
+# TensorRT's EfficientNMS: num_detections + padded boxes).
+REGION_COUNT = TensorSpec("REGION_COUNT", "INT32", (1,))
+REGION_BOXES = TensorSpec("REGION_BOXES", "FP32", (-1, 4))  # x0, y0, x1, y1 in the image's pixels, as sent
+REGION_LABELS = TensorSpec("REGION_LABELS", "STRING", (-1, -1))  # (R, k) "score:index:label"
+REGION_SCORES = TensorSpec("REGION_SCORES", "FP32", (-1, -1))
+REGION_CLASS_IDS = TensorSpec("REGION_CLASS_IDS", "INT32", (-1, -1))
+REGION_ROUTE = TensorSpec("REGION_ROUTE", "STRING", (-1,))
+REGION_SPECS = (REGION_COUNT, REGION_BOXES, REGION_LABELS, REGION_SCORES, REGION_CLASS_IDS, REGION_ROUTE)
+REGION_OUTPUTS = tuple(t.name for t in REGION_SPECS)
 
 # Every classifier (resnet50_trt, resnet50_onnx, ...): preprocessed NCHW in, logits out.
 NUM_CLASSES = 1000

@@ -15,10 +15,12 @@ KIND_GPU decodes JPEGs on that instance's GPU and keeps pixels and scores there
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
 from ..runtime.results import ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, model_parameters
@@ -27,7 +29,6 @@ from .transport import TritonTransport
 
 __all__ = ["flow_model"]
 
-_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)
 # Why a request failed -> the Triton error code its client sees.
 _UNAVAILABLE_REASONS = {"classifier"}
 _INTERNAL_REASONS = {"flow", "internal"}
@@ -42,7 +43,8 @@ def flow_model(pb_utils: Any) -> type:
             model_dir = Path(args["model_repository"])
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
-                                            name=args["model_name"], device=instance_device(args), pin_versions=True)
+                                            name=args["model_name"], device=instance_device(args), pin_versions=True,
+                                            outputs=_declared_outputs(args))
             self.transport = TritonTransport(pb_utils)
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             freeze_startup_objects()
@@ -63,6 +65,13 @@ def flow_model(pb_utils: Any) -> type:
     return TritonPythonModel
 
 
+def _declared_outputs(args: dict) -> list[TensorInfo]:
+    """The model's outputs as Triton serves them (its config, as loaded)."""
+    config = json.loads(args["model_config"])
+    return [TensorInfo(o["name"], o["data_type"].replace("TYPE_", ""), tuple(int(d) for d in o.get("dims", [])))
+            for o in config.get("output", [])]
+
+
 def _read(pb_utils: Any, request: Any) -> ImageRequest:
     image = pb_utils.get_input_tensor_by_name(request, IMAGE.name)
     topk = pb_utils.get_input_tensor_by_name(request, TOPK.name)
@@ -79,5 +88,6 @@ def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
         code = (error.UNAVAILABLE if result.reason in _UNAVAILABLE_REASONS
                 else error.INTERNAL if result.reason in _INTERNAL_REASONS else error.INVALID_ARG)
         return pb_utils.InferenceResponse(error=error(result.message, code))
-    values = (result.labels, result.scores, result.class_ids, result.routes)
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(o.name, v) for o, v in zip(_OUTPUTS, values) if o.name in wanted])
+    values = {LABELS.name: result.labels, SCORES.name: result.scores, CLASS_IDS.name: result.class_ids,
+              ROUTE.name: result.routes, **result.outputs}
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, v) for name, v in values.items() if name in wanted])

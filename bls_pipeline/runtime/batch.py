@@ -11,6 +11,10 @@ cover hold NaN (floats), -1 (integers), b"" (bytes) or False (booleans). So mask
 combine with `&`, `|` and `~` and go straight back into `rows=`. They are numpy arrays on
 the host whatever the device: on a GPU, the probabilities stay there, and only what the
 flow reads (top-1, its class, a model's raw outputs) is copied out.
+
+`batch.regions(found)` turns a detector's answer into a batch of its own (Regions): one
+row per region, each knowing its image and box; every call above works on it the same
+way, the runtime cutting each region from the image decoded once.
 """
 
 from __future__ import annotations
@@ -21,39 +25,22 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .children import ChildModel
+from .answer import Answer, numpy_dtype
+from .rows import Rows, _as_rows, _mask, _spread
+from .children import ChildModel, TensorInfo
 from .device import HOST, Device
+from .errors import ChildCallError, FlowError, NoModelReady
 from .settings import Candidates
 
-__all__ = ["Answer", "Batch", "ChildCallError", "ChildRequest", "Classify", "FlowError", "Infer", "NoModelReady",
-           "Outputs", "Scores"]
+__all__ = ["Answer", "Batch", "ChildCallError", "ChildRequest", "Classify", "Column", "FlowError", "Infer",
+           "NoModelReady", "Outputs", "Regions", "Scores"]
 
 log = logging.getLogger(__name__)
 
 Models = Union[Candidates, str, None]  # an ordered candidate list, one model name, or None (the role is off)
-Rows = Union[np.ndarray, Sequence[int], Sequence[bool], None]  # a boolean mask, row indices, or None (all)
-
-
-class FlowError(RuntimeError):
-    """The flow used the API wrongly (a model it did not declare, bad rows); the message says how."""
-
-
-class NoModelReady(Exception):
-    """Raise it from a flow when a role it cannot do without has no READY model: the runtime
-    fails the pending requests with the models tried, in order."""
-
-
-class ChildCallError(RuntimeError):
-    """A child inference failed as a whole (model unloaded, server error, broken contract).
-
-    unavailable: the model could not take the call at all (its stub died, it or that version
-    is being unloaded): the runtime tries the call again, on the next READY candidate or on
-    the same model once it is back, for up to child_retry_s, before it fails the requests.
-    """
-
-    def __init__(self, message: str, unavailable: bool = False):
-        super().__init__(message)
-        self.unavailable = unavailable
+# What a call feeds a child's tensor inputs, by input name: per row of the batch, a numpy
+# array (one entry per row) or a Column (another call's output, left where it is).
+Inputs = Union[Mapping[str, "np.ndarray | Column"], None]
 
 
 @dataclass(frozen=True)
@@ -79,6 +66,8 @@ class Classify:
     models: Models
     rows: Rows = None
     flip: bool = False  # feed the rows mirrored left-right (test-time augmentation)
+    inputs: Inputs = None  # tensors for inputs other than the image, by name (or instead of it)
+    rotate: int = 0  # 180: feed the rows upside down (a text line the flow found reversed)
 
 
 @dataclass(frozen=True)
@@ -88,29 +77,8 @@ class Infer:
     models: Models
     rows: Rows = None
     flip: bool = False
-
-
-def _fill(dtype: np.dtype):
-    if dtype.kind == "f":
-        return np.nan
-    if dtype.kind in "iu":
-        return -1
-    if dtype.kind == "b":
-        return False
-    return b""
-
-
-def _spread(size: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """`values` for `rows`, placed in a full-length array (the other rows filled)."""
-    full = np.full((size, *values.shape[1:]), _fill(values.dtype), dtype=values.dtype)
-    full[rows] = values
-    return full
-
-
-def _mask(size: int, rows: np.ndarray) -> np.ndarray:
-    mask = np.zeros(size, dtype=bool)
-    mask[rows] = True
-    return mask
+    inputs: Inputs = None
+    rotate: int = 0
 
 
 class Scores:
@@ -183,12 +151,27 @@ class Scores:
                       self._device, version)
 
 
+class Column:
+    """One output of a call, for the rows it covered, left where the call put it (on a GPU
+    flow instance, in GPU memory): `inputs={"features": outputs.tensor("features")}` hands it
+    to the next child as it is (DLPack, no copy to the host)."""
+
+    def __init__(self, model: str | None, name: str, size: int, rows: np.ndarray, value):
+        self.model, self.name, self.size, self.rows, self.value = model, name, size, rows, value
+
+    def __repr__(self) -> str:
+        return f"Column({self.model!r}.{self.name}, {len(self.rows)} of {self.size} rows)"
+
+
 class Outputs:
     """Any model's outputs for some rows: `outputs["NAME"]` is that output, one entry per row."""
 
-    def __init__(self, model: str | None, size: int, rows: np.ndarray, values: dict[str, np.ndarray]):
+    def __init__(self, model: str | None, size: int, rows: np.ndarray, values: dict[str, np.ndarray],
+                 device: Device = HOST):
         self.model, self.size, self.rows = model, size, rows
-        self._values = values
+        self._values = values  # on the device (numpy on the host)
+        self._device = device
+        self._host: dict[str, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return f"Outputs({self.model!r}, {len(self.rows)} of {self.size} rows, {sorted(self._values)})"
@@ -201,79 +184,25 @@ class Outputs:
     def covered(self) -> np.ndarray:
         return _mask(self.size, self.rows)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def _check(self, name: str) -> None:
         if name not in self._values:
             raise FlowError(f"model {self.model} has no output {name!r}; its outputs: {', '.join(self._values)}")
-        return _spread(self.size, self.rows, self._values[name])
 
+    def __getitem__(self, name: str) -> np.ndarray:
+        self._check(name)
+        if name not in self._host:
+            self._host[name] = _spread(self.size, self.rows, self._device.to_host(self._values[name]))
+        return self._host[name]
 
-class Answer:
-    """The flow's answer, row by row: each row gets a classifier's Scores and a ROUTE, or
-    ends early with a ROUTE and no labels. Later calls overwrite earlier ones, row by row."""
+    def raw(self, name: str) -> np.ndarray:
+        """That output for the covered rows only, on the host (len(rows) entries)."""
+        self._check(name)
+        return self._device.to_host(self._values[name])
 
-    _UNANSWERED, _SKIPPED = -1, -2
-
-    def __init__(self, size: int):
-        self.size = size
-        self._sources: list[Scores] = []
-        self._source = np.full(size, self._UNANSWERED, dtype=np.int64)  # index into _sources, or a marker
-        self._routes = np.full(size, b"", dtype=object)
-
-    @property
-    def pending(self) -> np.ndarray:
-        """Boolean mask of the rows not answered yet."""
-        return self._source == self._UNANSWERED
-
-    def set(self, scores: Scores | None, branch: str) -> "Answer":
-        """Answer the rows `scores` covers with its labels; ROUTE "<model>:<branch>"."""
-        if scores is None:
-            raise FlowError(f"Answer.set(None, {branch!r}): that call found no READY model; check for None before answering with it")
-        if len(scores.rows):
-            self._source[scores.rows] = len(self._sources)
-            self._sources.append(scores)
-            self._routes[scores.rows] = f"{scores.source}:{branch}".encode()
-        return self
-
-    def skip(self, rows: Rows, route: str) -> "Answer":
-        """End these rows here: no labels (empty strings, score 0, class -1), ROUTE `route`."""
-        picked = _as_rows(self.size, rows)
-        self._source[picked] = self._SKIPPED
-        self._routes[picked] = route.encode()
-        return self
-
-    # ---- for the runtime ----------------------------------------------------------------
-    def routes(self) -> np.ndarray:
-        return self._routes
-
-    def groups(self, rows: np.ndarray) -> list[tuple[np.ndarray, Scores | None]]:
-        """`rows` split by where their answer came from: (positions within `rows`, Scores or
-        None for skipped rows). Unanswered rows are not included."""
-        out = []
-        sources = self._source[rows]
-        for value in np.unique(sources):
-            if value == self._UNANSWERED:
-                continue
-            positions = np.flatnonzero(sources == value)
-            out.append((positions, None if value == self._SKIPPED else self._sources[value]))
-        return out
-
-
-def _as_rows(size: int, rows: Rows) -> np.ndarray:
-    """Row indices, ascending, from a boolean mask, indices or None (every row)."""
-    if rows is None:
-        return np.arange(size)
-    picked = np.asarray(rows)
-    if picked.dtype == bool:
-        if picked.shape != (size,):
-            raise FlowError(f"a boolean row mask needs one entry per row ({size}), got shape {picked.shape}")
-        return np.flatnonzero(picked)
-    if picked.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if picked.dtype.kind not in "iu" or picked.ndim != 1:
-        raise FlowError(f"rows must be a boolean mask or a 1-d array of row indices, got {picked.dtype} with shape {picked.shape}")
-    if picked.min() < 0 or picked.max() >= size:
-        raise FlowError(f"row indices must be in 0..{size - 1}, got {picked.min()}..{picked.max()}")
-    return np.unique(picked)
+    def tensor(self, name: str) -> Column:
+        """That output as a Column, to feed another child's input without a copy."""
+        self._check(name)
+        return Column(self.model, name, self.size, self.rows, self._values[name])
 
 
 @dataclass
@@ -302,6 +231,8 @@ class RunContext(Protocol):
     rows: int
     device: Device
     retry_s: float  # child_retry_s
+    max_regions: int  # max_regions_per_image
+    declared: Mapping[str, TensorInfo]  # the flow model's outputs, by name
 
     def candidates(self, models: Models) -> tuple[str, ...]: ...
     def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None: ...
@@ -315,14 +246,17 @@ class RunContext(Protocol):
     def child(self, name: str, classifier: bool = False) -> ChildModel: ...
     def inputs(self, child: ChildModel, rows: np.ndarray): ...
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
+    def images(self) -> tuple[Sequence, np.ndarray]: ...
+    def crops(self, spec, images: np.ndarray, boxes: np.ndarray): ...
+    def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None: ...
 
 
 class Batch:
     """The images of every request in one execute(), as rows, and the calls on them."""
 
-    def __init__(self, run: RunContext):
+    def __init__(self, run: RunContext, size: int | None = None):
         self._run = run
-        self.size = run.rows
+        self.size = run.rows if size is None else size
 
     def __len__(self) -> int:
         return self.size
@@ -332,16 +266,56 @@ class Batch:
 
     def answer(self) -> Answer:
         """An empty answer for these rows, to fill with Answer.set and Answer.skip."""
-        return Answer(self.size)
+        return Answer(self.size, self._run.declared)
 
-    def classify(self, models: Models, rows: Rows = None, *, flip: bool = False) -> Scores | None:
+    def classify(self, models: Models, rows: Rows = None, *, flip: bool = False, inputs: Inputs = None,
+                 rotate: int = 0) -> Scores | None:
         """The first READY of `models` classifies `rows` (all when None): one batched call.
-        None when no candidate is READY (or `models` is None: the role is off)."""
-        return self.together(Classify(models, rows, flip))[0]
+        None when no candidate is READY (or `models` is None: the role is off).
+        inputs: tensors for the child's inputs by name, one entry per row (another call's
+        outputs, or values the flow computed); the child's image input, if not named there,
+        gets the rows' pixels as usual. rotate=180 feeds the pixels upside down."""
+        return self.together(Classify(models, rows, flip, inputs, rotate))[0]
 
-    def infer(self, models: Models, rows: Rows = None, *, flip: bool = False) -> Outputs | None:
+    def infer(self, models: Models, rows: Rows = None, *, flip: bool = False, inputs: Inputs = None,
+              rotate: int = 0) -> Outputs | None:
         """The first READY of `models` runs on `rows`: all its outputs. None as classify()."""
-        return self.together(Infer(models, rows, flip))[0]
+        return self.together(Infer(models, rows, flip, inputs, rotate))[0]
+
+    def regions(self, found: Outputs | None, *, margin: float = 0.0, min_size: float = 0.0,
+                min_score: float | None = None) -> "Regions":
+        """The regions a detector found on these rows, as a batch of their own: one row per
+        region, in row order (`found` is an infer() of a model whose config names its
+        boxes_output). A row with no region adds none; found=None (no detector READY) gives
+        no regions at all.
+
+        margin: each region is cut with this fraction of its width and height added on
+            every side (clipped to the image); its box stays the detector's.
+        min_size: a region narrower or lower than this many pixels (of the image as sent)
+            is marked `too_small` and never sent to a model; answer those rows yourself.
+        min_score: boxes scoring under it are dropped (needs the detector's box scores).
+        Bad boxes (non-finite, empty, inverted, outside) are clipped or dropped (boxes.py);
+        an image with more than max_regions_per_image regions fails its own request."""
+        from .boxes import found_boxes
+
+        if not 0 <= margin <= 1 or min_size < 0:
+            raise FlowError(f"regions(): margin must be within 0..1 and min_size >= 0, got margin={margin} min_size={min_size}")
+        if found is None:
+            return Regions._empty(self)
+        if not isinstance(found, Outputs):
+            raise FlowError(f"regions() takes a detector's Outputs (batch.infer(detector)), got {type(found).__name__}")
+        if found.size != self.size:
+            raise FlowError(f"regions(): those outputs are for a batch of {found.size} rows, this one has {self.size}")
+        if found.model is None:
+            return Regions._empty(self)
+        child = self._run.child(found.model)
+        if child.detector is None:
+            raise FlowError(f"regions() needs a detector, and {child.name}'s config.pbtxt names no boxes_output "
+                            "(with boxes_units, and box_scores_output / count_output if it has them)")
+        values = {name: found.raw(name) for name in found.names}
+        sources, scales = self._sources(found.rows)
+        boxes = found_boxes(child, values, found.rows, sources, scales, min_score)
+        return Regions._make(self, boxes, margin, min_size, child.name)
 
     def together(self, *calls: Classify | Infer) -> list[Scores | Outputs | None]:
         """Run these calls concurrently (their child requests in flight together); results
@@ -351,8 +325,10 @@ class Batch:
         for i, call in enumerate(calls):
             if not isinstance(call, (Classify, Infer)):
                 raise FlowError(f"together() takes Classify(...) and Infer(...) calls, got {type(call).__name__}")
+            if call.rotate not in (0, 180):
+                raise FlowError(f"rotate={call.rotate!r}: write 0 or 180")
             candidates = self._run.candidates(call.models)
-            rows = _as_rows(self.size, call.rows)
+            rows = self._sendable(_as_rows(self.size, call.rows))
             if not candidates:
                 continue
             if len(rows) == 0:
@@ -416,32 +392,87 @@ class Batch:
                                  f"({', '.join(plan.candidates)}) answered within child_retry_s={self._run.retry_s:g} s")
         return False
 
+    # ---- what the rows are made of (Regions overrides these) ---------------------------------
+    def _sendable(self, rows: np.ndarray) -> np.ndarray:
+        """The rows a call may send: all of them (regions leave out the too small)."""
+        return rows
+
+    def _pixels(self, child: ChildModel, rows: np.ndarray):
+        """`child`'s image input for these rows (bytes, or pixels preprocessed its way)."""
+        return self._run.inputs(child, rows)
+
+    def _sources(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's box in the pixels of its image as decoded (here the whole image), and
+        that image's pixels as sent per decoded pixel."""
+        images, scales = self._run.images()
+        sizes = np.array([_size(images[r]) for r in rows], dtype=np.float64).reshape(-1, 2)
+        return np.concatenate([np.zeros_like(sizes), sizes], axis=1), scales[rows]
+
+    def _image_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The image (row of the images' batch) each of these rows is on."""
+        return rows
+
     # ---- the runtime's side of a call -------------------------------------------------------
     def _chunks(self, plan: _Plan) -> list[ChildRequest]:
         child = self._run.child(plan.model, classifier=isinstance(plan.call, Classify))
-        data = self._run.inputs(child, plan.rows)
         device = self._run.device
-        if plan.call.flip:
-            if child.preprocess is None:
-                raise FlowError(f"flip=True needs pixels, but {child.name} takes the encoded images")
-            data = device.flip(data, child.preprocess.width_axis)
+        feeds = self._tensor_inputs(child, plan.call.inputs or {}, plan.rows)
+        if child.image is not None and child.image.name not in feeds:
+            data = self._pixels(child, plan.rows)
+            if plan.call.flip or plan.call.rotate:
+                if child.preprocess is None:
+                    raise FlowError(f"flip=True and rotate=180 need pixels, but {child.name} takes the encoded images")
+                axis = child.preprocess.width_axis
+                data = device.flip(data, (axis - 1, axis) if plan.call.rotate else axis)
+                if plan.call.rotate and plan.call.flip:
+                    data = device.flip(data, axis)
+            feeds[child.image.name] = data
+        missing = [t.name for t in child.inputs if not t.optional and t.name not in feeds]
+        if missing:
+            raise FlowError(f"model {child.name} needs input(s) {', '.join(missing)}, which are not images: pass them "
+                            f"by name, e.g. inputs={{{missing[0]!r}: outputs.tensor(...)}}")
         wanted = (child.scores_output.name,) if isinstance(plan.call, Classify) else tuple(o.name for o in child.outputs)
         # On a GPU device, outputs come back in its memory (strings cannot live there).
         strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
         gpu = None if strings else device.gpu
         step = child.max_batch_size
-        return [ChildRequest(child.name, {child.input.name: data[i:i + step]}, wanted, gpu, plan.version)
-                for i in range(0, len(data), step)]
+        return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu, plan.version)
+                for i in range(0, len(plan.rows), step)]
+
+    def _tensor_inputs(self, child: ChildModel, given: Mapping, rows: np.ndarray) -> dict:
+        """The flow's tensors for `child`'s inputs, these rows, checked against its config."""
+        feeds = {}
+        for name, value in given.items():
+            info = child.input_named(name)
+            if info is None:
+                raise FlowError(f"inputs={{{name!r}: ...}}: model {child.name} has no input {name!r}; its inputs: "
+                                f"{', '.join(t.name for t in child.inputs)}")
+            if isinstance(value, Column):
+                if value.size != self.size:
+                    raise FlowError(f"inputs[{name!r}]: {value} is for a batch of {value.size} rows, this one has {self.size}")
+                missing = np.setdiff1d(rows, value.rows)
+                if len(missing):
+                    raise FlowError(f"inputs[{name!r}]: {value} does not cover row(s) {missing[:10].tolist()} of this call")
+                data = value.value if len(value.rows) == len(rows) and (value.rows == rows).all() else \
+                    self._run.device.take(value.value, np.searchsorted(value.rows, rows))
+            else:
+                array = np.asarray(value)
+                if array.shape[:1] != (self.size,):
+                    raise FlowError(f"inputs[{name!r}]: give one entry per row of the batch ({self.size}), got shape "
+                                    f"{array.shape}")
+                data = array[rows]
+            feeds[name] = _conform(child, info, data)
+        return feeds
 
     def _result(self, plan: _Plan, parts: list[Mapping[str, np.ndarray]] | None) -> Scores | Outputs:
         device = self._run.device
         if parts is None:  # a call on no rows: nothing sent
             child = self._run.child(plan.candidates[0], classifier=isinstance(plan.call, Classify))
-            values = {o.name: np.empty((0, *[max(d, 0) for d in o.dims]), np.float32) for o in child.outputs}
+            values = {o.name: np.empty((0, *[max(d, 0) for d in o.dims]), numpy_dtype(o.dtype)) for o in child.outputs}
             model = None
         else:
             child, model = self._run.child(plan.model), plan.model
-            values = {name: parts[0][name] if len(parts) == 1 else device.concat([p[name] for p in parts])
+            values = {name: parts[0][name] if len(parts) == 1 else _concat(device, [p[name] for p in parts])
                       for name in plan.chunks[0].outputs}
             for o in child.outputs:
                 if o.name in values:
@@ -449,7 +480,52 @@ class Batch:
         if isinstance(plan.call, Classify):
             probs = device.probabilities(values[child.scores_output.name], child.scores)
             return Scores(model, child.labels, self.size, plan.rows, probs, device, plan.version if model else "")
-        return Outputs(model, self.size, plan.rows, {name: device.to_host(v) for name, v in values.items()})
+        return Outputs(model, self.size, plan.rows, values, device)
+
+
+def _concat(device: Device, parts: list):
+    """Chunks of one output back together; outputs of varying dims (a detector's boxes per
+    row) are padded to the largest with zeros first."""
+    shapes = {tuple(getattr(p, "shape", ())[1:]) for p in parts}
+    if len(shapes) > 1 and all(isinstance(p, np.ndarray) for p in parts):
+        widest = tuple(max(s[i] for s in shapes) for i in range(len(next(iter(shapes)))))
+        parts = [np.pad(p, [(0, 0)] + [(0, w - d) for w, d in zip(widest, p.shape[1:])]) for p in parts]
+    return device.concat(parts)
+
+
+def _size(image) -> tuple[int, int]:
+    """(width, height) of a decoded image: a PIL image, or a (C, H, W) tensor."""
+    if hasattr(image, "width") and not hasattr(image, "shape"):
+        return image.width, image.height
+    return int(image.shape[-1]), int(image.shape[-2])
+
+
+_KINDS = {"FP": "f", "IN": "iu", "UI": "iu", "BO": "b"}
+
+
+def _conform(child: ChildModel, info: TensorInfo, data):
+    """A tensor input as `child`'s config declares it: its dims, its dtype (a value of the
+    same kind is cast, e.g. float64 to FP32; another kind is refused)."""
+    shape = tuple(data.shape[1:])
+    if len(shape) != len(info.dims) or any(d >= 0 and d != s for d, s in zip(info.dims, shape)):
+        raise FlowError(f"inputs[{info.name!r}] has dims {list(shape)} per row; model {child.name} declares "
+                        f"{list(info.dims)} (TYPE_{info.dtype})")
+    if not isinstance(data, np.ndarray):  # a tensor left on the device: its dtype must match already
+        want = {"FP32": "float32", "FP16": "float16", "INT64": "int64", "INT32": "int32", "UINT8": "uint8", "BOOL": "bool"}
+        if str(data.dtype).replace("torch.", "") != want.get(info.dtype, "?"):
+            raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype}")
+        return data
+    if info.dtype in ("STRING", "BYTES"):
+        if data.dtype.kind not in "OSU":
+            raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype} (bytes or str)")
+        return np.array([v.encode() if isinstance(v, str) else v for v in data.reshape(-1)], dtype=object).reshape(data.shape)
+    want = np.dtype(numpy_dtype(info.dtype))
+    if data.dtype == want:
+        return data
+    if data.dtype.kind not in _KINDS.get(info.dtype[:2], want.kind):
+        raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype}: "
+                        f"convert it (e.g. .astype(np.{want.name}))")
+    return data.astype(want)
 
 
 def _check_output(child: ChildModel, output, value, rows: int) -> None:
@@ -459,3 +535,95 @@ def _check_output(child: ChildModel, output, value, rows: int) -> None:
     if not fits:
         raise ChildCallError(f"{child.name} returned {output.name} with shape {tuple(value.shape)} for a batch of {rows}; "
                              f"expected {tuple(expected)}")
+
+
+class Regions(Batch):
+    """What a detector found, as a batch: one row per region. Every call works on it as on
+    images (classify, infer, together, rows=, answer); the runtime cuts each region from its
+    image (decoded once), preprocesses it the called model's own way, and sends every region
+    of every image of the execute() in one batched request.
+
+    image: the image (row of the images' batch) each region is on.
+    parent: the row of the batch it was found in (its image, or a region: regions of regions).
+    box: (n, 4) x0, y0, x1, y1 in the pixels of the image as sent (upright).
+    score, class_id: the detector's, per region (NaN / -1 when it gives none).
+    too_small: narrower or lower than min_size: never sent to a model.
+    detector: the model that found them.
+    """
+
+    def __init__(self, parent: Batch, image: np.ndarray, parent_rows: np.ndarray, box: np.ndarray, crop: np.ndarray,
+                 scale: np.ndarray, score: np.ndarray, class_id: np.ndarray, too_small: np.ndarray, detector: str | None):
+        super().__init__(parent._run, len(image))
+        self.image, self.parent, self.box = image, parent_rows, box.astype(np.float32)
+        self.score, self.class_id, self.too_small, self.detector = score, class_id, too_small, detector
+        self._crop = crop  # (n, 4) float64: what is cut, in the pixels of the image as decoded
+        self._scale = scale  # (n,) pixels as sent per decoded pixel
+        self._cut: dict = {}  # spec -> the sendable rows' pixels for it
+
+    def __repr__(self) -> str:
+        return f"Regions({self.size} rows from {self.detector}, {int(self.too_small.sum())} too small)"
+
+    @property
+    def width(self) -> np.ndarray:
+        return self.box[:, 2] - self.box[:, 0]
+
+    @property
+    def height(self) -> np.ndarray:
+        return self.box[:, 3] - self.box[:, 1]
+
+    def answer(self) -> Answer:
+        return Answer(self.size, self._run.declared, regions=self)
+
+    @classmethod
+    def _empty(cls, parent: Batch) -> "Regions":
+        none = np.empty(0, np.int64)
+        return cls(parent, none, none, np.empty((0, 4)), np.empty((0, 4)), np.empty(0), np.empty(0, np.float32), none,
+                   np.empty(0, bool), None)
+
+    @classmethod
+    def _make(cls, parent: Batch, found, margin: float, min_size: float, detector: str) -> "Regions":
+        image = parent._image_rows(found.source)
+        _, all_scales = parent._run.images()
+        scale = all_scales[image]
+        # Bounded: an image with more regions than max_regions_per_image fails its own request.
+        limit = parent._run.max_regions
+        counts = np.bincount(image, minlength=parent._run.rows) if len(image) else np.zeros(0, np.int64)
+        over = np.flatnonzero(counts > limit)
+        keep = ~np.isin(image, over)
+        for img in over:
+            parent._run.fail_images(np.array([img]), f"{detector} found {counts[img]} regions on it, over "
+                                    f"max_regions_per_image={limit}", "too_many_regions")
+        boxes = found.boxes[keep]
+        images, _ = parent._run.images()
+        size = np.array([_size(images[i]) for i in image[keep]], dtype=np.float64).reshape(-1, 2)
+        w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        crop = np.stack([np.maximum(boxes[:, 0] - margin * w, 0), np.maximum(boxes[:, 1] - margin * h, 0),
+                         np.minimum(boxes[:, 2] + margin * w, size[:, 0]), np.minimum(boxes[:, 3] + margin * h, size[:, 1])],
+                        axis=1)
+        shown = boxes * scale[keep][:, None]
+        too_small = ((shown[:, 2] - shown[:, 0]) < min_size) | ((shown[:, 3] - shown[:, 1]) < min_size)
+        return cls(parent, image[keep], found.source[keep], shown, crop, scale[keep], found.scores[keep],
+                   found.classes[keep], too_small, detector)
+
+    # ---- what the rows are made of -----------------------------------------------------------
+    def _sendable(self, rows: np.ndarray) -> np.ndarray:
+        return rows[~self.too_small[rows]]
+
+    def _image_rows(self, rows: np.ndarray) -> np.ndarray:
+        return self.image[rows]
+
+    def _sources(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._crop[rows], self._scale[rows]
+
+    def _pixels(self, child: ChildModel, rows: np.ndarray):
+        spec = child.preprocess
+        if spec is None:
+            raise FlowError(f"regions are cut from the decoded image, and {child.name} takes encoded bytes: give it a "
+                            "pixel input (TYPE_FP32/FP16/UINT8 dims [C,H,W] or [H,W,C])")
+        sendable = np.flatnonzero(~self.too_small)
+        if spec not in self._cut:
+            self._cut[spec] = self._run.crops(spec, self.image[sendable], self._crop[sendable])
+        cut = self._cut[spec]
+        if len(rows) == len(sendable):
+            return cut
+        return self._run.device.take(cut, np.searchsorted(sendable, rows))

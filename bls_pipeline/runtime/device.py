@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..stages.batching import DecodedBatch, decode_to_batch, preprocess_batch
+from ..stages.batching import DecodedBatch, crop_batch, decode_to_batch, preprocess_batch
 from ..stages.decode import DecodePolicy
 from ..stages.postprocess import TopK, softmax, top_k
 from ..stages.preprocess import PreprocessSpec, renormalize
@@ -43,6 +43,8 @@ class Device(Protocol):
         for `spec`; a bad image fails its own request (DecodedBatch.errors)."""
     def preprocess(self, images: Sequence[Any], spec: PreprocessSpec) -> Array:
         """Images kept by decode(keep_images=True) -> a batch for another spec."""
+    def crop(self, images: Sequence[Any], image_rows: np.ndarray, boxes: np.ndarray, spec: PreprocessSpec) -> Array:
+        """Regions (boxes[i] in pixels of images[image_rows[i]]) -> a batch for `spec`."""
     def renormalize(self, batch: Array, have: PreprocessSpec, want: PreprocessSpec) -> Array | None: ...
     def take(self, array: Array, rows: np.ndarray) -> Array: ...
     def flip(self, batch: Array, axis: int) -> Array: ...
@@ -71,6 +73,9 @@ class HostDevice:
 
     def preprocess(self, images, spec):
         return preprocess_batch(images, spec, self._pool)
+
+    def crop(self, images, image_rows, boxes, spec):
+        return crop_batch(images, image_rows, boxes, spec, self._pool)
 
     def renormalize(self, batch, have, want):
         return renormalize(batch, have, want)

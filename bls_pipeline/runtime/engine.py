@@ -21,13 +21,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..contract import REGION_OUTPUTS, STANDARD_OUTPUTS
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .batch import Answer, Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
-from .children import ChildModel, load_child, version_folders
+from .answer import Answer, numpy_dtype
+from .batch import Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Regions, Send
+from .children import ChildModel, TensorInfo, load_child, version_folders
 from .device import Device, device_for
 from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
+from .modelconfig import data_type, parse_config
 from .routing import CandidateChooser
 from .results import ChildStats, ImageRequest, Prediction, RequestError, Timings
 from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
@@ -45,7 +48,8 @@ class FlowRuntime:
     def __init__(self, name: str, flow: FlowDefinition, settings: Settings, runtime: RuntimeSettings,
                  children: dict[str, ChildModel], is_ready: Callable[..., bool], instances: int = 1,
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -69,7 +73,11 @@ class FlowRuntime:
         # model with the same pixels is re-normalised, one with other pixels (size, colour)
         # is preprocessed from the decoded images, which are kept for that.
         self.primary_spec: PreprocessSpec | None = pixel_specs[0] if pixel_specs else None
-        self.keep_images = any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
+        # keep_images: the flow cuts regions (the load check saw it call regions()).
+        self.keep_images = keep_images or any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
+        self.uses_regions = keep_images  # set by a run that calls regions()
+        # The flow model's outputs (its config.pbtxt), by name: what its answers must fill.
+        self.declared: dict[str, TensorInfo] = {o.name: o for o in (outputs or ())}
         threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
         # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
@@ -79,23 +87,30 @@ class FlowRuntime:
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
-             pin_versions: bool = False) -> "FlowRuntime":
+             pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
         children.load_child); checked on a probe image. `device`: None to decode and score
         with numpy on the CPU, or the torch device to do it on. pin_versions: call each
         child's newest READY version by number (is_ready(model, version)), from the version
         folders beside it; a child whose folder is not there (a repository on S3, where
-        Triton copies each model's folder alone) is called unpinned."""
+        Triton copies each model's folder alone) is called unpinned. outputs: the flow
+        model's outputs as served (default: its config.pbtxt's)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m, Path(model_dir)) for m in settings.models()}
+        if outputs is None:
+            outputs = [TensorInfo(t.name, data_type(t), tuple(t.dims)) for t in parse_config(Path(model_dir)).output]
+        uses_regions = False
         if check:
-            check_flow(cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device))
+            probe = cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device, outputs=outputs)
+            check_flow(probe)
+            uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
-        return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of)
+        return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
+                   keep_images=uses_regions)
 
     def close(self) -> None:
         self.device.close()
@@ -116,9 +131,10 @@ class FlowRuntime:
         try:
             with hooks.stage("flow"):
                 answer = self.flow.fn(Batch(run), self.settings)
-            if not isinstance(answer, Answer):
+            if not isinstance(answer, Answer) or answer.regions_of is not None:
                 raise FlowError(f"flow {self.name} returned {type(answer).__name__}; it must return the batch's Answer "
                                 "(answer = batch.answer(); ...; return answer)")
+            self._check_filled(answer)
         except NoModelReady:
             return self._fail_pending(requests, results, run.no_model_message(), "classifier", timings)
         except ChildCallError as exc:
@@ -135,36 +151,99 @@ class FlowRuntime:
         with hooks.stage("top_k"):
             self._split(run, requests, results, answer, timings)
 
+    def _check_filled(self, answer: Answer) -> None:
+        """Every output the flow model declares is filled; none is silently absent."""
+        if not self.declared:
+            return
+        regions = [n for n in self.declared if n in REGION_OUTPUTS]
+        if regions and not answer.attached:
+            raise FlowError(f"its config.pbtxt declares {', '.join(regions)}, and the answer attached no regions "
+                            "(answer.attach(regions_answer)), on every path, even when there are none")
+        filled = set(answer.outputs).union(*(a.outputs for a in answer.attached)) if answer.attached else set(answer.outputs)
+        own = [n for n in self.declared if n not in STANDARD_OUTPUTS and n not in REGION_OUTPUTS and n not in filled]
+        if own:
+            raise FlowError(f"its config.pbtxt declares output(s) {', '.join(own)}, which the answer did not fill "
+                            f"(answer.output({own[0]!r}, values)) on this path; fill them on every path")
+
     def _split(self, run: "_Run", requests, results, answer: Answer, timings: Timings) -> None:
         routes = answer.routes()
         pending, asks, fills = [], [], []  # the device computes every top-k of this run together
+        attached = answer.attached
         for r, req in enumerate(requests):
             if results[r] is not None:
                 continue
             rows = np.flatnonzero(run.owners == r)
             k = req.k or self.runtime.default_topk
-            labels = np.full((len(rows), k), b"", dtype=object)
-            scores = np.zeros((len(rows), k), dtype=np.float32)
-            class_ids = np.full((len(rows), k), -1, dtype=np.int32)
-            answered = np.zeros(len(rows), dtype=bool)
-            for positions, source in answer.groups(rows):
-                answered[positions] = True
-                if source is not None:
-                    asks.append((source, rows[positions], k))
-                    fills.append((labels, scores, class_ids, positions))
-            pending.append((r, rows, labels, scores, class_ids, answered))
-        for top, (labels, scores, class_ids, positions) in zip(self.device.top_k(asks), fills):
-            labels[positions], scores[positions], class_ids[positions] = top.labels, top.scores, top.class_ids
-        for r, rows, labels, scores, class_ids, answered in pending:
-            if not answered.all():
-                missing = int(np.flatnonzero(~answered)[0])
-                results[r] = RequestError(f"flow {self.name} left IMAGE[{missing}] unanswered", "flow")
+            table = _LabelTable(len(rows), k)
+            _ask(answer, rows, table, k, asks, fills)
+            # Each attached regions answer: the rows of this request's images, in image order.
+            regions = []
+            for part in attached:
+                of = part.regions_of
+                mine = np.flatnonzero(np.isin(of.image, rows))
+                mine = mine[np.argsort(np.searchsorted(rows, of.image[mine]), kind="stable")]
+                region_table = _LabelTable(len(mine), k)
+                _ask(part, mine, region_table, k, asks, fills)
+                regions.append((part, mine, region_table))
+            pending.append((r, rows, table, regions))
+        for top, (table, positions) in zip(self.device.top_k(asks), fills):
+            table.labels[positions], table.scores[positions], table.class_ids[positions] = top.labels, top.scores, top.class_ids
+        for r, rows, table, regions in pending:
+            unanswered = table.unanswered()
+            if unanswered is None:
+                unanswered = next((f"{_where(part, mine[i], rows)}" for part, mine, rt in regions
+                                   if (i := rt.unanswered()) is not None), None)
+            else:
+                unanswered = f"IMAGE[{unanswered}]"
+            if unanswered is not None:
+                results[r] = RequestError(f"flow {self.name} left {unanswered} unanswered", "flow")
                 timings.count(timings.rejected, "flow", len(rows))
                 continue
             route = routes[rows].reshape(-1, 1)
             for value in route[:, 0]:
                 timings.count(timings.routes, value.decode())
-            results[r] = Prediction(labels, scores, class_ids, route)
+            outputs = {name: values[rows] for name, values in answer.outputs.items()}
+            if regions:
+                outputs.update(self._region_outputs(rows, regions, table.k))
+            results[r] = Prediction(table.labels, table.scores, table.class_ids, route,
+                                    {n: v for n, v in outputs.items() if n in self.declared})
+
+    def _region_outputs(self, rows: np.ndarray, regions: list, k: int) -> dict[str, np.ndarray]:
+        """One request's REGION_* outputs and the regions answers' own outputs: per image, its
+        regions (the attached answers' in attach order), padded to the most of any image."""
+        per_image: list[list[tuple]] = [[] for _ in rows]  # (answer, region row, position in its table)
+        for part, mine, region_table in regions:
+            images = np.searchsorted(rows, part.regions_of.image[mine])
+            for position, (row, image) in enumerate(zip(mine, images)):
+                per_image[image].append((part, row, region_table, position))
+        most = max((len(items) for items in per_image), default=0)
+        n = len(rows)
+        out = {
+            "REGION_COUNT": np.array([[len(items)] for items in per_image], dtype=np.int32).reshape(n, 1),
+            "REGION_BOXES": np.zeros((n, most, 4), np.float32),
+            "REGION_LABELS": np.full((n, most, k), b"", dtype=object),
+            "REGION_SCORES": np.zeros((n, most, k), np.float32),
+            "REGION_CLASS_IDS": np.full((n, most, k), -1, np.int32),
+            "REGION_ROUTE": np.full((n, most), b"", dtype=object),
+        }
+        own = {name for part, _, _ in regions for name in part.outputs}
+        for name in own:
+            info = self.declared[name]
+            value_dims = tuple(max(d, 0) for d in info.dims[1:])
+            sample = next(part.outputs[name] for part, _, _ in regions if name in part.outputs)
+            fill = b"" if sample.dtype == object else (-1 if sample.dtype.kind in "iu" else 0)
+            out[name] = np.full((n, most, *sample.shape[1:]) if sample.ndim > 1 else (n, most), fill, dtype=sample.dtype)
+            del value_dims
+        for i, items in enumerate(per_image):
+            for j, (part, row, region_table, position) in enumerate(items):
+                out["REGION_BOXES"][i, j] = part.regions_of.box[row]
+                out["REGION_LABELS"][i, j] = region_table.labels[position]
+                out["REGION_SCORES"][i, j] = region_table.scores[position]
+                out["REGION_CLASS_IDS"][i, j] = region_table.class_ids[position]
+                out["REGION_ROUTE"][i, j] = part.routes()[row]
+                for name, values in part.outputs.items():
+                    out[name][i, j] = values[row]
+        return out
 
     def _check_request(self, req: ImageRequest, timings: Timings) -> RequestError | None:
         error = None
@@ -234,6 +313,34 @@ class FlowRuntime:
         return chooser
 
 
+class _LabelTable:
+    """One answer's top-k labels, scores and class ids for some rows, being filled."""
+
+    def __init__(self, n: int, k: int):
+        self.k = k
+        self.labels = np.full((n, k), b"", dtype=object)
+        self.scores = np.zeros((n, k), dtype=np.float32)
+        self.class_ids = np.full((n, k), -1, dtype=np.int32)
+        self.answered = np.zeros(n, dtype=bool)
+
+    def unanswered(self) -> int | None:
+        return None if self.answered.all() else int(np.flatnonzero(~self.answered)[0])
+
+
+def _ask(answer: Answer, rows: np.ndarray, table: _LabelTable, k: int, asks: list, fills: list) -> None:
+    """Queue the top-k of `answer` on `rows` into `table` (skipped rows stay empty)."""
+    for positions, source in answer.groups(rows):
+        table.answered[positions] = True
+        if source is not None:
+            asks.append((source, rows[positions], k))
+            fills.append((table, positions))
+
+
+def _where(part: Answer, row: int, image_rows: np.ndarray) -> str:
+    image = int(np.searchsorted(image_rows, part.regions_of.image[row]))
+    return f"a region of IMAGE[{image}] (region row {row} of {part.regions_of.detector})"
+
+
 def renormalize_impossible(have: PreprocessSpec | None, want: PreprocessSpec) -> bool:
     return have is not None and have != want and renormalize(np.zeros((0, *have.input_shape), have.numpy_dtype), have, want) is None
 
@@ -245,6 +352,9 @@ class _Run:
         self._runtime, self._send, self._timings = runtime, send, timings
         self.device = runtime.device
         self.retry_s = runtime.runtime.child_retry_s
+        self.max_regions = runtime.runtime.max_regions_per_image
+        self.declared = runtime.declared
+        self._results = results
         self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
@@ -252,6 +362,7 @@ class _Run:
         self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
         self._pixels: dict[PreprocessSpec, object] = {}  # the device's arrays
         self._decoded = None
+        self._scales = None
         spec = runtime.primary_spec
         if spec is not None:  # else every model takes the encoded bytes: nothing to decode
             t0 = time.perf_counter()
@@ -265,6 +376,7 @@ class _Run:
             self.owners = decoded.owners
             self._pixels[spec] = decoded.batch
             self._decoded = decoded.images
+            self._scales = decoded.scales
             timings.decode_preprocess += time.perf_counter() - t0
         self.rows = len(self.owners)
 
@@ -344,6 +456,42 @@ class _Run:
         self.preprocess_in_flow += elapsed
         return batch
 
+    def images(self):
+        """The decoded images, one per row, and each one's pixels as sent per decoded pixel.
+        Kept from the decode when the flow cuts regions (seen at load); else decoded again
+        here, once (a flow that reaches regions() only past the load check's path)."""
+        self._runtime.uses_regions = self._runtime.keep_images = True  # from the next execute() on: kept
+        if self._decoded is None:
+            spec = self._runtime.primary_spec
+            if spec is None:
+                raise FlowError("regions need pixels: declare at least one model with a pixel input")
+            log.warning("flow %s: the load check did not see it cut regions, so the images are decoded again for them; "
+                        "call regions() on the probe image's path to keep them from the first decode", self._runtime.name)
+            t0 = time.perf_counter()
+            again = self.device.decode([[data] for data in self._encoded], self._runtime.runtime.decode, spec, keep_images=True)
+            self._decoded, self._scales = again.images, again.scales
+            self._timings.decode_preprocess += time.perf_counter() - t0
+        return self._decoded, self._scales
+
+    def crops(self, spec, image_rows: np.ndarray, boxes: np.ndarray):
+        t0 = time.perf_counter()
+        with hooks.stage("regions"):
+            images, _ = self.images()
+            batch = self.device.crop(images, image_rows, boxes, spec)
+        elapsed = time.perf_counter() - t0
+        self._timings.decode_preprocess += elapsed
+        self.preprocess_in_flow += elapsed
+        return batch
+
+    def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None:
+        """Fail the requests these image rows belong to (their other rows are answered, unread)."""
+        for row in rows:
+            r = int(self.owners[row])
+            if self._results[r] is None:
+                index = int(row - np.flatnonzero(self.owners == r)[0])
+                self._results[r] = RequestError(f"IMAGE[{index}]: {message}", reason)
+                self._timings.count(self._timings.rejected, reason, int((self.owners == r).sum()))
+
     def send(self, requests: list[ChildRequest]):
         if not requests:
             return []
@@ -356,7 +504,7 @@ class _Run:
         for req in requests:
             stats = self._timings.children.setdefault(req.model, ChildStats())
             stats.calls += 1
-            stats.images += len(next(iter(req.inputs.values())))
+            stats.images += len(next(iter(req.inputs.values()))) if req.inputs else 0
             stats.seconds += elapsed
         return replies
 

@@ -26,7 +26,8 @@ from .modelconfig import parse_config, string_parameters
 
 __all__ = ["LocalFlow", "RequestFailed"]
 
-# A child as a function: its input batch -> its output (one output) or {output name: array}.
+# A child as a function: its input batch (or {input name: batch}, for a child with several
+# inputs) -> its output (one output) or {output name: array}.
 ChildFunction = Callable[[np.ndarray], "np.ndarray | Mapping[str, np.ndarray]"]
 
 
@@ -98,11 +99,11 @@ class LocalFlow:
         return (config, "onnx", path) if path.suffix == ".onnx" and path.is_file() else None
 
     def _run_child(self, req: ChildRequest) -> Mapping[str, np.ndarray] | ChildCallError:
-        (data,) = req.inputs.values()
+        data = next(iter(req.inputs.values()))
         self.calls.append((req.model, len(data)))
         try:
             if req.model in self._functions:
-                out = self._functions[req.model](data)
+                out = self._functions[req.model](data if len(req.inputs) == 1 else dict(req.inputs))
                 return out if isinstance(out, Mapping) else {req.outputs[0]: np.asarray(out)}
             return self._session(req.model)(req.inputs, req.outputs)
         except Exception as exc:  # noqa: BLE001 - a failed child call, as the server would report it

@@ -42,6 +42,9 @@ class Prediction:
     scores: np.ndarray  # (n, k) float32
     class_ids: np.ndarray  # (n, k) int32
     routes: np.ndarray  # (n, 1) object (bytes "model:branch", or the flow's own ROUTE)
+    # The flow model's other outputs, by name, batch first: REGION_* (contract.py) and the
+    # flow's own (answer.output), as its config.pbtxt declares them.
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass

@@ -43,6 +43,9 @@ class RuntimeSettings:
     # on 2 cores: more threads only fight the classifiers for the CPU).
     decode_threads: int = 0
     max_request_bytes: int = 64 * 1024 * 1024  # images in one request, summed
+    # Regions one image may have (batch.regions); an image with more fails its own request,
+    # so a detector gone wild cannot grow a request's memory without bound.
+    max_regions_per_image: int = 256
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -103,6 +106,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         child_retry_s=get("child_retry_s", lambda k, v: _as_float(k, v, 0.0, 60.0), d.child_retry_s),
         decode_threads=get("decode_threads", lambda k, v: _as_int(k, v, 0), d.decode_threads),
         max_request_bytes=get("max_request_bytes", lambda k, v: _as_int(k, v, 1), d.max_request_bytes),
+        max_regions_per_image=get("max_regions_per_image", lambda k, v: _as_int(k, v, 1), d.max_regions_per_image),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),

@@ -92,9 +92,10 @@ class TorchDevice:
         decoded = self._decode_on_device(jobs, headers)
         batch = torch.empty((len(jobs), *spec.input_shape), dtype=self._ops.TORCH_DTYPES[spec.dtype], device=self.device)
         kept: list = [None] * len(jobs)
+        scales = np.ones(len(jobs), dtype=np.float64)  # decoded here at full size
         if decoded:
             rows = sorted(decoded)
-            pixels = self._ops.preprocess_batch([decoded[row] for row in rows], spec, self.device)
+            pixels = self.preprocess([decoded[row] for row in rows], spec)
             self._put(batch, rows, pixels)
             if keep_images:
                 for row in rows:
@@ -108,8 +109,8 @@ class TorchDevice:
             if good:
                 self._put(batch, good, torch.from_numpy(cpu.batch).to(self.device))
             if keep_images:
-                for row, img in zip(good, cpu.images):
-                    kept[row] = self._from_pil(img)
+                for row, img, scale in zip(good, cpu.images, cpu.scales):
+                    kept[row], scales[row] = self._from_pil(img), scale
             for k in sorted(cpu.errors):  # rows in order: a request's first bad image is reported
                 r, i, _ = jobs[on_cpu[k]]
                 if r not in errors or i < bad_index[r]:
@@ -118,8 +119,8 @@ class TorchDevice:
         if errors:
             keep = np.flatnonzero(~np.isin(owners, list(errors)))
             return DecodedBatch(self.take(batch, keep), owners[keep], errors, bad_index,
-                                [kept[i] for i in keep] if keep_images else None)
-        return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None)
+                                [kept[i] for i in keep] if keep_images else None, scales[keep] if keep_images else None)
+        return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None, scales if keep_images else None)
 
     def _put(self, batch, rows: list[int], values) -> None:
         if len(rows) == len(batch):
@@ -173,7 +174,14 @@ class TorchDevice:
         return self._torch.from_numpy(np.array(img)).permute(2, 0, 1).to(self.device)
 
     def preprocess(self, images, spec):
+        if spec.mode == "keep_aspect" or spec.input_width != spec.crop:
+            # Inputs the square resize-and-crop does not make: each whole image as a region.
+            boxes = np.array([(0, 0, int(img.shape[-1]), int(img.shape[-2])) for img in images], dtype=np.float64)
+            return self.crop(images, np.arange(len(images)), boxes, spec)
         return self._ops.preprocess_batch(images, spec, self.device)
+
+    def crop(self, images, image_rows, boxes, spec):
+        return self._ops.crop_batch(images, np.asarray(image_rows), boxes, spec, self.device)
 
     def renormalize(self, batch, have, want):
         return self._ops.renormalize(self._tensor(batch), have, want)

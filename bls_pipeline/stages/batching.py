@@ -14,10 +14,10 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .decode import DecodePolicy, ImageError, decode
-from .preprocess import PreprocessSpec, preprocess_into
+from .decode import DecodePolicy, ImageError, decode, decode_scale
+from .preprocess import PreprocessSpec, preprocess_into, preprocess_region
 
-__all__ = ["DecodedBatch", "decode_to_batch", "preprocess_batch"]
+__all__ = ["DecodedBatch", "crop_batch", "decode_to_batch", "preprocess_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ class DecodedBatch:
     errors: dict[int, ImageError]  # request index -> its first bad image's error
     bad_index: dict[int, int]  # request index -> index of that image within the request
     images: list[Image.Image] | None = None  # the decoded images of those rows, if kept
+    scales: np.ndarray | None = None  # with them: each one's pixels as sent per decoded pixel (decode_scale)
 
 
 def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePolicy, spec: PreprocessSpec,
@@ -69,10 +70,12 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
         if err is not None and r not in errors:
             errors[r], bad_index[r] = err, i
     owners = np.fromiter((r for r, _, _ in jobs), dtype=np.int64, count=len(jobs))
+    rows = np.flatnonzero(~np.isin(owners, list(errors))) if errors else np.arange(len(jobs))
+    images = [kept[i] for i in rows] if keep_images else None
+    scales = np.array([decode_scale(img) for img in images], dtype=np.float64) if keep_images else None
     if errors:
-        keep = np.flatnonzero(~np.isin(owners, list(errors)))
-        return DecodedBatch(batch[keep], owners[keep], errors, bad_index, [kept[i] for i in keep] if keep_images else None)
-    return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None)
+        return DecodedBatch(batch[rows], owners[rows], errors, bad_index, images, scales)
+    return DecodedBatch(batch, owners, errors, bad_index, images, scales)
 
 
 def preprocess_batch(images: Sequence[Image.Image], spec: PreprocessSpec, pool: Executor | None) -> np.ndarray:
@@ -86,5 +89,23 @@ def preprocess_batch(images: Sequence[Image.Image], spec: PreprocessSpec, pool: 
         list(pool.map(work, range(len(images))))
     else:
         for row in range(len(images)):
+            work(row)
+    return batch
+
+
+def crop_batch(images: Sequence[Image.Image], image_rows: np.ndarray, boxes: np.ndarray, spec: PreprocessSpec,
+               pool: Executor | None) -> np.ndarray:
+    """Regions -> one (len(boxes), *spec.input_shape) batch for `spec`: region i is
+    boxes[i] (x0, y0, x1, y1 in pixels) of images[image_rows[i]], each resampled straight
+    from its image (preprocess.preprocess_region)."""
+    batch = np.empty((len(boxes), *spec.input_shape), dtype=spec.numpy_dtype)
+
+    def work(row: int) -> None:
+        preprocess_region(images[image_rows[row]], tuple(boxes[row]), spec, batch[row])
+
+    if pool is not None and len(boxes) > 1:
+        list(pool.map(work, range(len(boxes))))
+    else:
+        for row in range(len(boxes)):
             work(row)
     return batch

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["DecodePolicy", "ImageError", "decode", "from_base64"]
+__all__ = ["DECODE_SCALE", "DecodePolicy", "ImageError", "decode", "decode_scale", "from_base64"]
+
+# In a decoded image's `info`: the encoded image's pixels per decoded pixel (a JPEG decoded
+# at 1/2, 1/4 or 1/8 scale), absent when 1. Regions report boxes in the encoded image's pixels.
+DECODE_SCALE = "bls_decode_scale"
+
+
+def decode_scale(img: Image.Image) -> float:
+    return float(img.info.get(DECODE_SCALE, 1.0))
 
 # Formats a client may send. Anything else Pillow can open (EPS, PSD, ICO...) is refused:
 # every extra plugin is extra attack surface for no classification value.
@@ -112,8 +120,11 @@ def _decode_binary(data: bytes, policy: DecodePolicy) -> Image.Image:
             img.draft("RGB", (policy.draft_min_side, policy.draft_min_side))
         # Animated GIF/WebP and multi-page TIFF: Image.open leaves us on frame 0.
         img.load()
-        img = ImageOps.exif_transpose(img)
-        return _to_rgb(img, policy.background)
+        scale = width / img.width  # > 1 when the JPEG was decoded at a reduced scale (draft)
+        rgb = _to_rgb(ImageOps.exif_transpose(img), policy.background)
+        if scale != 1:
+            rgb.info[DECODE_SCALE] = scale
+        return rgb
     except ImageError:
         raise
     except Exception as exc:  # noqa: BLE001 - truncated data, bad CRC, codec errors

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-__all__ = ["PreprocessSpec", "crop_box", "preprocess_into", "renormalize"]
+__all__ = ["PAD_PLACES", "PreprocessSpec", "crop_box", "placement", "preprocess_into", "renormalize"]
 
 # Column-cropped intermediates up to this many times resize**2 pixels are materialised;
 # beyond it, the crop box is resampled in both directions.
@@ -34,7 +34,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Layouts, colour modes and element types a child model's input can ask for.
 LAYOUTS = ("NCHW", "NHWC")
 COLOURS = {"RGB": 3, "BGR": 3, "GRAY": 1}
-RESIZE_MODES = ("shorter_side", "stretch")
+RESIZE_MODES = ("shorter_side", "stretch", "keep_aspect")
+# keep_aspect: where the scaled image sits in the input, the rest padded.
+PAD_PLACES = ("bottom_right", "centre")
 DTYPES = {"FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8}
 
 
@@ -43,13 +45,17 @@ class PreprocessSpec:
     """How one model wants its input: per model (from its config.pbtxt), not a global constant.
 
     shorter_side: the shorter side is resized to `resize`, then the centre crop x crop is
-    kept (the ImageNet eval transform). stretch: the whole image is resized to crop x crop,
-    aspect ratio not kept. Floating-point inputs get x * scale, then (x - mean) / std per
-    channel (mean and std in scaled units); UINT8 inputs get the pixels as they are.
+    kept (the ImageNet eval transform). stretch: the whole image is resized to the input
+    size, aspect ratio not kept. keep_aspect: scaled to fit the input with its aspect ratio
+    kept, placed at the top left (pad "bottom_right") or centred, the rest filled with
+    `pad_value` (in pixel units, 0-255, normalised like a pixel: 127.5 is 0 for mean/std 0.5).
+    The input is crop (height) x width; only shorter_side needs it square. Floating-point
+    inputs get x * scale, then (x - mean) / std per channel (mean and std in scaled units);
+    UINT8 inputs get the pixels as they are.
     """
 
     resize: int = 256  # shorter side after resize (shorter_side mode)
-    crop: int = 224  # square input side
+    crop: int = 224  # input height (and width, unless `width` says otherwise)
     mean: tuple[float, ...] = IMAGENET_MEAN  # per channel, RGB (or GRAY) order
     std: tuple[float, ...] = IMAGENET_STD
     mode: str = "shorter_side"
@@ -57,6 +63,9 @@ class PreprocessSpec:
     layout: str = "NCHW"
     dtype: str = "FP32"
     scale: float = 1.0 / 255.0
+    width: int = 0  # input width; 0: crop (square)
+    pad: str = "bottom_right"  # keep_aspect only
+    pad_value: float = 0.0  # keep_aspect only, pixel units
     # x_norm = x_uint8 * _scale - _offset, per channel: built once, used per image.
     _scale: np.ndarray = field(init=False, repr=False, compare=False)
     _offset: np.ndarray = field(init=False, repr=False, compare=False)
@@ -67,6 +76,11 @@ class PreprocessSpec:
                              f"{LAYOUTS}/{tuple(DTYPES)}, got {self.mode}/{self.colour}/{self.layout}/{self.dtype}")
         if not 0 < self.crop <= (self.resize if self.mode == "shorter_side" else self.crop):
             raise ValueError(f"preprocessing needs 0 < crop <= resize, got crop={self.crop} resize={self.resize}")
+        if self.width < 0 or (self.mode == "shorter_side" and self.width not in (0, self.crop)):
+            raise ValueError(f"a {self.crop}x{self.width} input needs resize mode stretch or keep_aspect: "
+                             "shorter_side centre-crops a square")
+        if self.pad not in PAD_PLACES or not 0 <= self.pad_value <= 255:
+            raise ValueError(f"pad must be one of {PAD_PLACES} and pad_value within 0..255, got {self.pad} {self.pad_value}")
         channels = COLOURS[self.colour]
         if len(self.mean) != channels or len(self.std) != channels or min(self.std) <= 0 or not self.scale > 0:
             raise ValueError(f"mean and std need {channels} value{'s' if channels > 1 else ''} each for {self.colour}, std > 0 and scale > 0; "
@@ -82,9 +96,24 @@ class PreprocessSpec:
         return COLOURS[self.colour]
 
     @property
+    def height(self) -> int:
+        return self.crop
+
+    @property
+    def input_width(self) -> int:
+        return self.width or self.crop
+
+    @property
     def input_shape(self) -> tuple[int, int, int]:
-        c, s = self.channels, self.crop
-        return (c, s, s) if self.layout == "NCHW" else (s, s, c)
+        c, h, w = self.channels, self.crop, self.input_width
+        return (c, h, w) if self.layout == "NCHW" else (h, w, c)
+
+    @property
+    def pad_normalized(self) -> np.ndarray:
+        """pad_value as this input's element values, per channel (broadcastable to a row)."""
+        if self.dtype == "UINT8":
+            return np.full(self._scale.shape, round(self.pad_value), dtype=np.uint8)
+        return (np.float32(self.pad_value) * self._scale - self._offset).astype(self.numpy_dtype)
 
     @property
     def numpy_dtype(self) -> type:
@@ -98,7 +127,8 @@ class PreprocessSpec:
     @property
     def geometry(self) -> tuple:
         """What decides the pixels before normalisation: equal geometry, same pixels."""
-        return (self.mode, self.resize if self.mode == "shorter_side" else None, self.crop)
+        keep_aspect = (self.pad, self.pad_value) if self.mode == "keep_aspect" else None
+        return (self.mode, self.resize if self.mode == "shorter_side" else None, self.crop, self.input_width, keep_aspect)
 
 
 def _resized_size(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int]:
@@ -127,6 +157,56 @@ def crop_box(width: int, height: int, spec: PreprocessSpec) -> tuple[float, floa
     return _geometry(width, height, spec)[2]
 
 
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in source pixels
+
+
+def placement(width: float, height: float, spec: PreprocessSpec) -> tuple[Box, tuple[int, int, int, int]]:
+    """Where a width x height source lands in spec's input: (the source box that is
+    resampled, relative to the source's top left; the input rectangle it fills, as
+    left, top, width, height). The rest of the input is padding (keep_aspect only).
+
+    Every mode is this one affine map per axis, so a point in the input maps back to the
+    source as x_src = box.x0 + (x_in - left) * box.width / rect.width (regions.py uses it
+    to put a detector's boxes back on the image)."""
+    h_in, w_in = spec.crop, spec.input_width
+    if spec.mode == "stretch":
+        return (0.0, 0.0, float(width), float(height)), (0, 0, w_in, h_in)
+    if spec.mode == "keep_aspect":
+        s = min(w_in / width, h_in / height)
+        w, h = min(w_in, max(1, round(width * s))), min(h_in, max(1, round(height * s)))
+        left, top = ((w_in - w) // 2, (h_in - h) // 2) if spec.pad == "centre" else (0, 0)
+        return (0.0, 0.0, float(width), float(height)), (left, top, w, h)
+    return crop_box(width, height, spec), (0, 0, spec.crop, spec.crop)
+
+
+def preprocess_region(img: Image.Image, box: Box, spec: PreprocessSpec, out: np.ndarray) -> None:
+    """Write spec's input for the region `box` (image pixels, within the image) of `img`
+    into `out`: the region is treated as an image of its own (resize mode, padding), with
+    one resample straight from the image (no intermediate crop)."""
+    (sx0, sy0, sx1, sy1), (left, top, w, h) = placement(box[2] - box[0], box[3] - box[1], spec)
+    source = (box[0] + sx0, box[1] + sy0, box[0] + sx1, box[1] + sy1)
+    _write(img.resize((w, h), Image.BILINEAR, box=source), spec, out, (left, top, w, h))
+
+
+def _write(pixels_img: Image.Image, spec: PreprocessSpec, out: np.ndarray, rect: tuple[int, int, int, int]) -> None:
+    """Normalise an RGB image of rect's size into rect of `out`; pad the rest."""
+    left, top, w, h = rect
+    if (w, h) != (spec.input_width, spec.crop):
+        out[...] = spec.pad_normalized
+        out = out[:, top:top + h, left:left + w] if spec.layout == "NCHW" else out[top:top + h, left:left + w]
+    if spec.colour == "GRAY":
+        pixels_img = pixels_img.convert("L")
+    hwc = np.asarray(pixels_img).reshape(h, w, spec.channels)  # uint8
+    if spec.colour == "BGR":
+        hwc = hwc[..., ::-1]
+    pixels = hwc.transpose(2, 0, 1) if spec.layout == "NCHW" else hwc
+    if spec.dtype == "UINT8":
+        out[...] = pixels
+        return
+    np.multiply(pixels, spec._scale, out=out, casting="unsafe")
+    out -= spec._offset
+
+
 def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> None:
     """Write the normalised (3, crop, crop) float32 tensor for `img` into `out` in place.
 
@@ -136,27 +216,18 @@ def preprocess_into(img: Image.Image, spec: PreprocessSpec, out: np.ndarray) -> 
     """
     if img.mode != "RGB":
         raise ValueError(f"preprocess expects an RGB image, got mode {img.mode}")
-    if spec.mode == "stretch":
-        cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR)
-    else:
-        new_h, top, (x0, y0, x1, y1) = _geometry(img.width, img.height, spec)
-        if spec.crop * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
-            # A box on the vertical axis makes Pillow round many pixels differently: keep all rows.
-            columns = img.resize((spec.crop, new_h), Image.BILINEAR, box=(x0, 0, x1, img.height))
-            cropped = columns.crop((0, top, spec.crop, top + spec.crop))
-        else:
-            cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR, box=(x0, y0, x1, y1))
-    if spec.colour == "GRAY":
-        cropped = cropped.convert("L")
-    hwc = np.asarray(cropped).reshape(spec.crop, spec.crop, spec.channels)  # uint8
-    if spec.colour == "BGR":
-        hwc = hwc[..., ::-1]
-    pixels = hwc.transpose(2, 0, 1) if spec.layout == "NCHW" else hwc
-    if spec.dtype == "UINT8":
-        out[...] = pixels
+    if spec.mode != "shorter_side":
+        _, rect = placement(img.width, img.height, spec)
+        _write(img.resize(rect[2:], Image.BILINEAR), spec, out, rect)
         return
-    np.multiply(pixels, spec._scale, out=out, casting="unsafe")
-    out -= spec._offset
+    new_h, top, (x0, y0, x1, y1) = _geometry(img.width, img.height, spec)
+    if spec.crop * new_h <= _MAX_RESIZED_AREA * spec.resize ** 2:
+        # A box on the vertical axis makes Pillow round many pixels differently: keep all rows.
+        columns = img.resize((spec.crop, new_h), Image.BILINEAR, box=(x0, 0, x1, img.height))
+        cropped = columns.crop((0, top, spec.crop, top + spec.crop))
+    else:
+        cropped = img.resize((spec.crop, spec.crop), Image.BILINEAR, box=(x0, y0, x1, y1))
+    _write(cropped, spec, out, (0, 0, spec.crop, spec.crop))
 
 
 def renormalize(batch: np.ndarray, have: PreprocessSpec, want: PreprocessSpec) -> np.ndarray | None:

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .preprocess import PreprocessSpec, _crop_offset, _resized_size
+from .preprocess import PreprocessSpec, _crop_offset, _resized_size, placement
 
-__all__ = ["TORCH_DTYPES", "decode_jpegs", "flip", "orient", "preprocess_batch", "renormalize"]
+__all__ = ["TORCH_DTYPES", "crop_batch", "decode_jpegs", "flip", "orient", "preprocess_batch", "renormalize"]
 
 # Above this many times resize**2 pixels, a resized image is not materialised: the crop's
 # source box is resampled instead (preprocess.py's guard against slivers, same limit).
@@ -100,7 +100,11 @@ def preprocess_batch(images: Sequence[torch.Tensor], spec: PreprocessSpec, devic
             pixels.copy_(resized)
         else:
             pixels[torch.tensor(rows, device=device)] = resized
-    pixels = pixels.round_().clamp_(0, 255)  # whole pixel values, as Pillow's uint8 output
+    return _finish(pixels.round_().clamp_(0, 255), spec, device)  # whole pixel values, as Pillow's uint8 output
+
+
+def _finish(pixels: torch.Tensor, spec: PreprocessSpec, device) -> torch.Tensor:
+    """(n, 3, H, W) float RGB pixel values -> spec's colour, layout, normalisation and dtype."""
     if spec.colour == "GRAY":
         luma = torch.tensor(_LUMA, dtype=torch.float32, device=device).view(1, 3, 1, 1)
         pixels = (pixels * luma).sum(dim=1, keepdim=True).round_()
@@ -114,6 +118,49 @@ def preprocess_batch(images: Sequence[torch.Tensor], spec: PreprocessSpec, devic
     offset = torch.from_numpy(spec._offset).to(device)
     return (pixels * scale - offset).to(TORCH_DTYPES[spec.dtype]).contiguous()
 
+
+def crop_batch(images: Sequence[torch.Tensor], image_rows: np.ndarray, boxes: np.ndarray, spec: PreprocessSpec,
+               device: torch.device | str) -> torch.Tensor:
+    """Regions -> one (len(boxes), *spec.input_shape) batch on `device`, the counterpart of
+    batching.crop_batch: region i is boxes[i] (x0, y0, x1, y1 in pixels) of the uint8 (3, H, W)
+    image images[image_rows[i]], placed as preprocess.placement says (stretch, keep_aspect
+    with its padding, or a centre crop). All regions of one image are sampled in one
+    torchvision.ops.roi_align call (bilinear, averaging ceil(scale) samples per output pixel
+    when shrinking, as an antialiased resize does): each box is widened to the whole input
+    so that its placed rectangle lands where it should, and the rest is padding."""
+    from torchvision.ops import roi_align
+
+    h_in, w_in = spec.crop, spec.input_width
+    n = len(boxes)
+    pixels = torch.zeros((n, 3, h_in, w_in), dtype=torch.float32, device=device)
+    sampled = np.empty((n, 4), dtype=np.float64)
+    rects = np.empty((n, 4), dtype=np.int64)
+    for i, (x0, y0, x1, y1) in enumerate(boxes):
+        (bx0, by0, bx1, by1), (left, top, rw, rh) = placement(x1 - x0, y1 - y0, spec)
+        gx, gy = (bx1 - bx0) / rw, (by1 - by0) / rh
+        sampled[i] = (x0 + bx0 - left * gx, y0 + by0 - top * gy, x0 + bx0 + (w_in - left) * gx, y0 + by0 + (h_in - top) * gy)
+        rects[i] = (left, top, rw, rh)
+    for image_row in np.unique(image_rows):
+        members = np.flatnonzero(image_rows == image_row)
+        image = images[image_row].to(device=device, dtype=torch.float32)[None]
+        rois = torch.zeros((len(members), 5), dtype=torch.float32, device=device)
+        rois[:, 1:] = torch.from_numpy(sampled[members]).to(device=device, dtype=torch.float32)
+        out = roi_align(image, rois, output_size=(h_in, w_in), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        pixels[torch.as_tensor(members, device=device)] = out
+    pixels = pixels.round_().clamp_(0, 255)
+    if spec.mode == "keep_aspect":
+        inside = torch.zeros((n, 1, h_in, w_in), dtype=torch.bool, device=device)
+        for i, (left, top, rw, rh) in enumerate(rects.tolist()):
+            inside[i, :, top:top + rh, left:left + rw] = True
+        pixels = torch.where(inside, pixels, torch.tensor(float(spec.pad_value), device=device))
+    out = _finish(pixels, spec, device)
+    if spec.mode == "keep_aspect" and spec.dtype != "UINT8":
+        # The padding is pad_value normalised exactly (it need not be a whole pixel value).
+        pad = torch.from_numpy(spec.pad_normalized.reshape(-1)).to(device=device, dtype=out.dtype)
+        mask = inside if spec.layout == "NCHW" else inside.permute(0, 2, 3, 1)
+        shape = (1, -1, 1, 1) if spec.layout == "NCHW" else (1, 1, 1, -1)
+        out = torch.where(mask, out, pad.view(shape))
+    return out
 
 
 def renormalize(batch: torch.Tensor, have: PreprocessSpec, want: PreprocessSpec) -> torch.Tensor | None:

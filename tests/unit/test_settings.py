@@ -12,7 +12,7 @@ import pytest
 
 from bls_pipeline.stages.decode import DEFAULT_FORMATS, DecodePolicy
 from bls_pipeline.stages.preprocess import PreprocessSpec
-from bls_pipeline.runtime.children import child_model, load_child
+from bls_pipeline.runtime.children import Detector, child_model, load_child
 from bls_pipeline.runtime.settings import (RELOAD_KEY, Candidates, ConfigError, Probability, RuntimeSettings, Settings,
                                            parse_settings)
 
@@ -238,7 +238,7 @@ def test_encoded_bytes_child_has_no_preprocessing():
     ("dims", "params", "dtype", "message"),
     [
         ("3, 224, 224", {"preprocess_crop": "192"}, "TYPE_FP32", "preprocess_crop=192 but input pixels is 224x224"),
-        ("3, 224, 160", {}, "TYPE_FP32", "make its dims square"),
+        ("3, 224, 160", {}, "TYPE_FP32", "make its dims square, or set preprocess_resize_mode"),
         ("3, 224, 224", {"preprocess_colour": "GRAY"}, "TYPE_FP32", "preprocess_colour='GRAY' does not fit"),
         ("3, 224, 224", {"preprocess_mean": "0.5,0.5"}, "TYPE_FP32", "three comma-separated numbers"),
         ("3, 224, 224", {"preprocess_std": "a,b,c"}, "TYPE_FP32", "preprocess_std"),
@@ -247,8 +247,11 @@ def test_encoded_bytes_child_has_no_preprocessing():
         ("3, 224, 224", {"preprocess_std": "0.2,0,0.2"}, "TYPE_FP32", "std > 0"),
         ("3, 224, 224", {"preprocess_resize_mode": "squash"}, "TYPE_FP32", "shorter_side, stretch"),
         ("3, 224, 224", {"preprocess_mean": "0.5,0.5,0.5"}, "TYPE_UINT8", "remove preprocess_mean"),
-        ("224, 224", {}, "TYPE_FP32", "an image input needs 3"),
-        ("3, 224, 224", {}, "TYPE_INT64", "TYPE_INT64"),
+        ("224, 224", {"preprocess_resize": "256"}, "TYPE_FP32", "an image input needs 3"),
+        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad": "left"}, "TYPE_FP32", "preprocess_pad='left'"),
+        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad_value": "300"}, "TYPE_FP32", "preprocess_pad_value=300"),
+        ("3, 224, 224", {"boxes_units": "pixels"}, "TYPE_FP32", "add boxes_output"),
+        ("3, 224, 224", {"boxes_output": "logits", "boxes_units": "pixels"}, "TYPE_FP32", "names no output"),
     ],
 )
 def test_bad_child_configs_name_the_model_and_the_setting(dims, params, dtype, message):
@@ -291,3 +294,55 @@ def test_missing_child_folder_names_the_model(tmp_path):
     assert "setting that names it" in str(info.value)
     with pytest.raises(ConfigError, match="model absent has no"):
         load_child(tmp_path, "absent")
+
+
+def test_a_child_with_tensor_inputs_has_no_image_input():
+    child = child_model("head", _config("""
+        name: "head"
+        max_batch_size: 16
+        input [ { name: "features", data_type: TYPE_FP32, dims: [ 1000 ] },
+                { name: "bias", data_type: TYPE_INT64, dims: [ 2 ] } ]
+        output [ { name: "out", data_type: TYPE_FP32, dims: [ 2 ] } ]
+    """))
+    assert child.image is None and child.preprocess is None
+    assert [(t.name, t.dtype, t.dims) for t in child.inputs] == [("features", "FP32", (1000,)), ("bias", "INT64", (2,))]
+
+
+def test_image_input_picks_the_pixels_among_several_inputs():
+    child = child_model("m", _config("""
+        name: "m"
+        max_batch_size: 4
+        input [ { name: "pixels", data_type: TYPE_FP32, dims: [ 3, 32, 32 ] },
+                { name: "threshold", data_type: TYPE_FP32, dims: [ 1 ] } ]
+        output [ { name: "out", data_type: TYPE_FP32, dims: [ 2 ] } ]
+        parameters { key: "image_input", value: { string_value: "pixels" } }
+    """))
+    assert child.image.name == "pixels" and child.preprocess.crop == 32
+
+
+def test_keep_aspect_takes_a_non_square_input():
+    child = child_model("rec", _pixels_model("3, 48, 320", {"preprocess_resize_mode": "keep_aspect",
+                                                           "preprocess_pad_value": "127.5"}))
+    spec = child.preprocess
+    assert (spec.mode, spec.crop, spec.input_width, spec.pad, spec.pad_value) == ("keep_aspect", 48, 320, "bottom_right", 127.5)
+    assert spec.input_shape == (3, 48, 320)
+
+
+def test_a_detector_names_its_box_outputs():
+    child = child_model("det", _config("""
+        name: "det"
+        max_batch_size: 4
+        input [ { name: "image", data_type: TYPE_FP32, dims: [ 3, 64, 64 ] } ]
+        output [ { name: "BOXES", data_type: TYPE_FP32, dims: [ -1, 4 ] },
+                 { name: "SCORES", data_type: TYPE_FP32, dims: [ -1 ] },
+                 { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+        parameters { key: "preprocess_resize_mode", value: { string_value: "stretch" } }
+        parameters { key: "boxes_output", value: { string_value: "BOXES" } }
+        parameters { key: "boxes_units", value: { string_value: "normalized" } }
+        parameters { key: "box_scores_output", value: { string_value: "SCORES" } }
+        parameters { key: "count_output", value: { string_value: "COUNT" } }
+    """))
+    assert child.detector == Detector("BOXES", "normalized", "xyxy", "SCORES", None, "COUNT")
+    bad = _pixels_model("3, 64, 64", {"boxes_output": "out", "boxes_units": "pixels"})
+    with pytest.raises(ConfigError, match=r"output out \(boxes_output\) has dims \[2\]; it needs \[-1, 4\]"):
+        child_model("m", bad)
