@@ -184,7 +184,7 @@ def preprocess_region(img: Image.Image, box: Box, spec: PreprocessSpec, out: np.
     into `out`: the region is treated as an image of its own (resize mode, padding), with
     one resample straight from the image (no intermediate crop)."""
     (sx0, sy0, sx1, sy1), (left, top, w, h) = placement(box[2] - box[0], box[3] - box[1], spec)
-    source = (box[0] + sx0, box[1] + sy0, box[0] + sx1, box[1] + sy1)
+    source = (max(0.0, box[0] + sx0), max(0.0, box[1] + sy0), min(img.width, box[0] + sx1), min(img.height, box[1] + sy1))
     _write(img.resize((w, h), Image.BILINEAR, box=source), spec, out, (left, top, w, h))
 
 

@@ -163,3 +163,25 @@ def test_torch_and_numpy_agree_on_layout():
     tensor = IMAGENET_REFERENCE(Image.new("RGB", (256, 256), (255, 0, 0)))
     assert isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == IMAGENET.input_shape
     assert np.allclose(_ours(Image.new("RGB", (256, 256), (255, 0, 0)))[:, 0, 0], tensor[:, 0, 0].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize(("pad", "top"), [("bottom_right", 0), ("centre", 16)])
+def test_keep_aspect_fits_and_pads(pad, top):
+    from bls_pipeline.stages.preprocess import placement, preprocess_into
+
+    spec = PreprocessSpec(mode="keep_aspect", crop=64, mean=(0.5,) * 3, std=(0.5,) * 3, pad=pad, pad_value=127.5)
+    assert placement(200, 100, spec) == ((0.0, 0.0, 200.0, 100.0), (0, top, 64, 32))
+    out = np.empty(spec.input_shape, np.float32)
+    preprocess_into(Image.new("RGB", (200, 100), (255, 0, 0)), spec, out)
+    inside = out[:, top:top + 32, :]
+    assert np.allclose(inside[0], 1.0) and np.allclose(inside[1:], -1.0)  # red, normalised
+    assert np.allclose(np.delete(out, np.s_[top:top + 32], axis=1), 0.0)  # 127.5 normalised: the padding
+
+
+def test_a_non_square_input_stretches_to_its_own_size():
+    from bls_pipeline.stages.preprocess import preprocess_into
+
+    spec = PreprocessSpec(mode="stretch", crop=48, width=320)
+    out = np.empty(spec.input_shape, np.float32)
+    preprocess_into(Image.new("RGB", (60, 20), (0, 0, 255)), spec, out)
+    assert out.shape == (3, 48, 320) and np.allclose(out[2], (1 - 0.406) / 0.225, atol=1e-5)

@@ -359,3 +359,26 @@ def test_regions_without_regions_in_the_flow_api_are_a_flow_error(repo):
     with pytest.raises(ConfigError, match="regions\\(\\) needs a detector, and colour's config.pbtxt names no boxes_output"):
         local(repo)
     assert issubclass(FlowError, RuntimeError)
+
+
+@pytest.mark.parametrize(("pad", "box_in", "units"), [
+    ("bottom_right", [0, 0, 32, 16], "pixels"),
+    ("centre", [0, 16, 32, 32], "pixels"),
+    ("centre", [0, 0.25, 0.5, 0.5], "normalized"),
+])
+def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
+    from bls_pipeline.runtime.boxes import found_boxes
+    from bls_pipeline.runtime.children import ChildModel, Detector, TensorInfo
+    from bls_pipeline.stages.preprocess import PreprocessSpec
+
+    spec = PreprocessSpec(mode="keep_aspect", crop=64, pad=pad)
+    child = ChildModel("letterboxed", 4, TensorInfo("image", "FP32", (3, 64, 64)), (TensorInfo("BOXES", "FP32", (-1, 4)),),
+                       spec, detector=Detector("BOXES", units))
+    # A 200x100 image fills 64x32 of the input: at the top, or centred (16 rows of padding above).
+    found = found_boxes(child, {"BOXES": np.array([[box_in]], np.float32)}, np.array([0]),
+                        np.array([[0.0, 0.0, 200.0, 100.0]]), np.ones(1))
+    np.testing.assert_allclose(found.boxes, [[0, 0, 100, 50]], atol=1e-6)
+    # Found in a region (the source box 300..500 x 40..140 of its image): offset by it.
+    found = found_boxes(child, {"BOXES": np.array([[box_in]], np.float32)}, np.array([0]),
+                        np.array([[300.0, 40.0, 500.0, 140.0]]), np.ones(1))
+    np.testing.assert_allclose(found.boxes, [[300, 40, 400, 90]], atol=1e-6)
