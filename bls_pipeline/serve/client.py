@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+from ..contract import (BLS_MODEL, CLASS_IDS, IMAGE, LABELS, REGION_BOXES, REGION_COUNT, REGION_LABELS, REGION_OUTPUTS,
+                        REGION_ROUTE, ROUTE, SCORES, STANDARD_OUTPUTS, TOPK)
 
 __all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "main", "tritonclient_module"]
 
@@ -32,11 +33,32 @@ def tritonclient_module(protocol: str):
 
 
 @dataclass
+class Region:
+    box: list[float]  # x0, y0, x1, y1 in the image's pixels
+    labels: list[str]  # "score:index:label", best first ([] when the flow answered it without labels)
+    route: str
+    outputs: dict[str, object]  # the flow's own per-region outputs (REGION_TEXT ...), as JSON values
+
+
+@dataclass
 class FileResult:
     path: str
     labels: list[str] | None = None  # "score:index:label", best first
     route: str | None = None
     error: str | None = None
+    outputs: dict[str, object] | None = None  # the flow model's own outputs for this image (NEEDS_REVIEW ...)
+    regions: list[Region] | None = None  # a region flow's regions (REGION_* outputs); None for other flows
+
+
+def _value(v) -> object:
+    """One output value as JSON: bytes decoded, arrays as lists."""
+    if isinstance(v, np.ndarray):
+        return [_value(x) for x in v.tolist()] if v.dtype != object else [_value(x) for x in v]
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list):
+        return [_value(x) for x in v]
+    return v.item() if isinstance(v, np.generic) else v
 
 
 class ClassifyClient:
@@ -48,9 +70,19 @@ class ClassifyClient:
         self._client = tc.InferenceServerClient(url, concurrency=concurrency) if protocol == "http" else tc.InferenceServerClient(url)
         self._tc = tc
         self.model = model
+        self._output_names: list[str] | None = None
+
+    def output_names(self) -> list[str]:
+        """Every output the model declares (the four of every flow, REGION_*, its own)."""
+        if self._output_names is None:
+            meta = self._client.get_model_metadata(self.model, **({} if self._tc.__name__.endswith("http") else {"as_json": True}))
+            self._output_names = [o["name"] for o in meta.get("outputs", [])] or [o.name for o in (LABELS, SCORES, CLASS_IDS, ROUTE)]
+        return self._output_names
 
     def classify(self, images: list[bytes], topk: int | None = None) -> dict[str, np.ndarray]:
-        """Send images as one request; returns LABELS/SCORES/CLASS_IDS/ROUTE arrays (one row per image).
+        """Send images as one request; returns every output the model declares, by name
+        (LABELS/SCORES/CLASS_IDS/ROUTE: one row per image; REGION_*: per image, padded to the
+        most regions of the request, REGION_COUNT real).
 
         Raises tritonclient's InferenceServerException with the server's message on error.
         """
@@ -61,19 +93,40 @@ class ClassifyClient:
             t = tc.InferInput(TOPK.name, [len(images), 1], "INT32")
             t.set_data_from_numpy(np.full((len(images), 1), topk, dtype=np.int32))
             inputs.append(t)
-        outputs = [tc.InferRequestedOutput(o.name) for o in (LABELS, SCORES, CLASS_IDS, ROUTE)]
-        result = self._client.infer(self.model, inputs, outputs=outputs)
-        return {o.name: result.as_numpy(o.name) for o in (LABELS, SCORES, CLASS_IDS, ROUTE)}
+        names = self.output_names()
+        result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names])
+        return {name: result.as_numpy(name) for name in names}
 
     def classify_file(self, path: Path, topk: int | None = None) -> FileResult:
         try:
             out = self.classify([Path(path).read_bytes()], topk)
         except Exception as exc:  # noqa: BLE001 - InferenceServerException, OSError
             return FileResult(str(path), error=_message(exc))
-        return FileResult(str(path), labels=[v.decode() for v in out[LABELS.name][0]], route=out[ROUTE.name][0, 0].decode())
+        return FileResult(str(path), labels=[v.decode() for v in out[LABELS.name][0]], route=out[ROUTE.name][0, 0].decode(),
+                          outputs=_own_outputs(out, 0), regions=_regions(out, 0))
 
     def close(self) -> None:
         self._client.close()
+
+
+def _own_outputs(out: dict[str, np.ndarray], image: int) -> dict[str, object] | None:
+    own = {name: _value(value[image]) for name, value in out.items()
+           if name not in STANDARD_OUTPUTS and name not in REGION_OUTPUTS and not name.startswith("REGION_")}
+    return {name: value[0] if isinstance(value, list) and len(value) == 1 else value for name, value in own.items()} or None
+
+
+def _regions(out: dict[str, np.ndarray], image: int) -> list[Region] | None:
+    if REGION_COUNT.name not in out:
+        return None
+    count = int(out[REGION_COUNT.name][image, 0])
+    own = [name for name in out if name.startswith("REGION_") and name not in REGION_OUTPUTS]
+
+    def get(name: str, j: int):
+        return _value(out[name][image, j]) if name in out else None
+
+    return [Region(box=get(REGION_BOXES.name, j) or [], labels=[v for v in get(REGION_LABELS.name, j) or [] if v],
+                   route=get(REGION_ROUTE.name, j) or "", outputs={name: get(name, j) for name in own})
+            for j in range(count)]
 
 
 def _message(exc: Exception) -> str:
@@ -153,6 +206,14 @@ def format_table(results: list[FileResult]) -> str:
                 continue
             score, index, label = item.split(":", 2)
             lines.append(f"{name if i == 0 else '':<{width}}  {float(score):>6.3f}  {f'{label} ({index})':<28}  {r.route if i == 0 else ''}")
+        for key, value in (r.outputs or {}).items():
+            lines.append(f"{'':<{width}}  {key}: {value}")
+        for j, region in enumerate(r.regions or []):
+            box = ",".join(f"{v:.0f}" for v in region.box)
+            top = region.labels[0].split(":", 2) if region.labels else None
+            label = f"{top[2]} ({float(top[0]):.2f})" if top else "(no label)"
+            extra = "  ".join(f"{k}: {v}" for k, v in region.outputs.items())
+            lines.append(f"{'':<{width}}  region {j} [{box}]  {label}  {region.route}  {extra}".rstrip())
     return "\n".join(lines)
 
 
