@@ -108,6 +108,28 @@ def _openvino(args) -> int:
     return 0
 
 
+def _agreement(args) -> int:
+    from bls_pipeline.runtime.children import load_child
+
+    from .agreement import agreement, image_variants, runner
+    from .export_onnx import exported_weights
+
+    target = EXPORTS[args.model]
+    engine = target.int8_path if args.engine == "int8" else target.openvino_path
+    for path in (target.onnx_path, engine):
+        if not path.exists():
+            print(f"error: {path} is missing: build it first (python -m engine_build --help)", file=sys.stderr)
+            return 2
+    weights = exported_weights(target.onnx_path)
+    tensors = image_variants(args.images, load_child(MODELS, target.onnx_model).preprocess)
+    result = agreement(runner(target.onnx_path), runner(engine), tensors)
+    print(f"{engine.relative_to(MODELS)} against {target.onnx_model} (FP32, weights: {weights}) on {result.images} images "
+          f"(variants of {args.images}/*.jpg): top-1 agreement {result.top1_agreement:.2%}, top-5 overlap {result.top5_overlap:.2%}")
+    if weights == "random":
+        print("note: random weights cannot judge accuracy (their scores are nearly flat): use real weights")
+    return 0
+
+
 def _model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
 
@@ -149,12 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("int8", help="ONNX -> INT8 for the CPU by post-training quantization, calibrated on images")
     _model_argument(q)
     q.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
-                   help=f"onnxruntime: static QDQ ONNX for models/<model>_int8; nncf: OpenVINO INT8 IR for "
-                        f"models/<model>_openvino (default: {DEFAULT_METHOD}, the faster here: docs/performance.md)")
+                   help=f"nncf: OpenVINO INT8 IR for models/<model>_openvino; onnxruntime: static QDQ ONNX for "
+                        f"models/<model>_int8 (default: {DEFAULT_METHOD}, the faster here: docs/performance.md)")
     q.add_argument("--calibration", type=Path, default=SAMPLES, help="folder of images like the ones served (default: samples/)")
     q.add_argument("--limit", type=int, help="calibrate on at most this many images of the folder (each also mirrored)")
     q.add_argument("--onnx", type=Path, help="the FP32 ONNX (default: models/<model>_onnx/1/model.onnx)")
-    q.add_argument("--output", type=Path, help="default: models/<model>_int8/1/model.onnx (nncf: models/<model>_openvino/1/model.xml)")
+    q.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml (onnxruntime: models/<model>_int8/1/model.onnx)")
     q.set_defaults(run=_int8)
 
     v = sub.add_parser("openvino", help="ONNX -> OpenVINO IR (FP32 weights) for models/<model>_openvino (needs openvino)")
@@ -162,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
     v.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml")
     v.set_defaults(run=_openvino)
+
+    a = sub.add_parser("agreement", help="top-1 agreement and top-5 overlap of a CPU engine with its FP32 ONNX, on photos")
+    _model_argument(a)
+    a.add_argument("--engine", choices=("int8", "openvino"), default="int8", help="models/<model>_int8 or models/<model>_openvino")
+    a.add_argument("--images", type=Path, default=SAMPLES, help="folder of .jpg photos, each cropped, mirrored and rescaled")
+    a.set_defaults(run=_agreement)
 
     args = p.parse_args(argv)
     target = EXPORTS[args.model]
@@ -178,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         args.onnx = args.onnx or target.onnx_path
         args.output = args.output or target.plan_path
         args.config = args.config or target.trt_config
-    else:
+    elif args.command in ("int8", "openvino"):
         args.onnx = args.onnx or target.onnx_path
         openvino = args.command == "openvino" or args.method == "nncf"
         args.output = args.output or (target.openvino_path if openvino else target.int8_path)

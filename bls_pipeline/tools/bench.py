@@ -341,9 +341,11 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"classifiers": engine, "cascade_classifiers": "none",
                                                                             **({} if keep_branches else {"tta_threshold": "0"})}))
-    if not keep_branches:  # resnet50 alone, no flip pass: the same work as the ensemble
-        (dst / "classify_bls" / "config.pbtxt").write_text(
-            config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "tta_threshold": "0"}))
+    # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
+    # and without keep_branches no flip pass: the same work as the ensemble.
+    (dst / "classify_bls" / "config.pbtxt").write_text(
+        config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "classifiers": CLASSIFIER,
+                                             **({} if keep_branches else {"tta_threshold": "0"})}))
 
 
 def main(argv: list[str] | None = None) -> int:
