@@ -73,8 +73,9 @@ def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
     return ()
 
 
-# The CPU engines engine_build writes from a model's ONNX export: suffix -> command.
-CPU_ENGINES = {"_int8": "int8", "_openvino": "openvino"}
+# The CPU engines engine_build writes from a model's ONNX export: suffix -> command ({} the family).
+CPU_ENGINES = {"_int8": "int8 --model {} --method onnxruntime",
+               "_openvino": "int8 --model {} (NNCF's INT8; or `openvino --model {}`, FP32)"}
 
 
 def export_hint(model: str, weights: str | None = None) -> str:
@@ -87,7 +88,7 @@ def export_hint(model: str, weights: str | None = None) -> str:
     for suffix, command in CPU_ENGINES.items():
         if model.endswith(suffix):
             onnx = export_hint(f"{family}_onnx", weights)
-            return f"{python} -m engine_build {command} --model {family} (after the ONNX export: {onnx})"
+            return f"{python} -m engine_build {command.format(family, family)}, after the ONNX export: {onnx}"
     try:
         from engine_build.export_onnx import EXPORTS
     except ImportError:  # an installed package without engine_build

@@ -113,9 +113,9 @@ def test_bls_serve_skips_a_missing_or_corrupt_engine_and_says_why(tmp_path):
     plan = plan_loading(repo, {"python"}, only=("classify_bls",))
     assert "efficientnet_lite0_int8" in plan.load and "resnet50_onnx" in plan.load and "classify_bls" in plan.load
     assert plan.skipped["resnet50_int8"].startswith("resnet50_int8/1/model.onnx is unusable (truncated")
-    assert "engine_build int8 --model resnet50" in plan.skipped["resnet50_int8"]
+    assert "engine_build int8 --model resnet50 --method onnxruntime" in plan.skipped["resnet50_int8"]
     assert plan.skipped["resnet50_openvino"].startswith("resnet50_openvino/1/model.xml is missing")
-    assert "engine_build openvino --model resnet50" in plan.skipped["resnet50_openvino"]
+    assert "engine_build int8 --model resnet50 (NNCF's INT8" in plan.skipped["resnet50_openvino"]
 
 
 def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
@@ -144,3 +144,12 @@ def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
     assert median["classify_bls@resnet50_int8 / classify_bls images/s at c=8"] == 3.0
     assert median["classify_bls@resnet50_int8 p50 / classify_bls p50 at c=1"] == 0.6
     assert median["classifier@resnet50_int8 / classifier images/s at c=8"] == 70 / 22
+
+
+def test_engine_build_int8_stops_on_a_folder_with_no_image_and_names_it(tmp_path, capsys):
+    from engine_build.cli import main
+
+    (tmp_path / "readme.txt").write_text("no photos here")
+    assert main(["int8", "--calibration", str(tmp_path), "--output", str(tmp_path / "out.xml")]) == 2
+    assert f"error: calibration folder {tmp_path} has no readable image" in capsys.readouterr().err
+    assert not (tmp_path / "out.xml").exists()
