@@ -1,4 +1,4 @@
-"""`python -m engine_build export|torch|trt [--model NAME]`: one command per artifact."""
+"""`python -m engine_build export|torch|trt|int8|openvino [--model NAME]`: one command per artifact."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-from .export_onnx import EXPORTS
+from .export_onnx import EXPORTS, MODELS
+
+SAMPLES = MODELS.parent / "samples"
 
 DEFAULT_MODEL = "resnet50"
 
@@ -62,6 +64,72 @@ def _trt(args) -> int:
     return 0
 
 
+def _source_weights(onnx: Path) -> str:
+    from .export_onnx import exported_weights
+
+    return exported_weights(onnx) or "unknown"
+
+
+def _stamp(path: Path, **facts) -> None:
+    import json
+
+    Path(f"{path}.json").write_text(json.dumps(facts))
+
+
+def _int8(args) -> int:
+    from bls_pipeline.runtime.children import load_child
+
+    from .build_cpu import CalibrationError, calibration_tensors, quantize
+
+    spec = load_child(MODELS, EXPORTS[args.model].onnx_model).preprocess  # what the served model is fed
+    try:
+        tensors = calibration_tensors(args.calibration, spec, limit=args.limit)
+        quantize(args.onnx, args.output, tensors, method=args.method)
+    except (CalibrationError, FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _stamp(args.output, weights=_source_weights(args.onnx), precision="int8", method=args.method,
+           calibration=str(args.calibration), images=len(tensors))
+    print(f"wrote {args.output} (INT8 by {args.method}, calibrated on {len(tensors)} images from {args.calibration}; "
+          f"weights: {_source_weights(args.onnx)})")
+    return 0
+
+
+def _openvino(args) -> int:
+    from .build_cpu import convert_openvino
+
+    try:
+        convert_openvino(args.onnx, args.output)
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _stamp(args.output, weights=_source_weights(args.onnx), precision="fp32")
+    print(f"wrote {args.output} and its .bin (OpenVINO IR, FP32 weights; weights: {_source_weights(args.onnx)})")
+    return 0
+
+
+def _agreement(args) -> int:
+    from bls_pipeline.runtime.children import load_child
+
+    from .agreement import agreement, image_variants, runner
+    from .export_onnx import exported_weights
+
+    target = EXPORTS[args.model]
+    engine = target.int8_path if args.engine == "int8" else target.openvino_path
+    for path in (target.onnx_path, engine):
+        if not path.exists():
+            print(f"error: {path} is missing: build it first (python -m engine_build --help)", file=sys.stderr)
+            return 2
+    weights = exported_weights(target.onnx_path)
+    tensors = image_variants(args.images, load_child(MODELS, target.onnx_model).preprocess)
+    result = agreement(runner(target.onnx_path), runner(engine), tensors)
+    print(f"{engine.relative_to(MODELS)} against {target.onnx_model} (FP32, weights: {weights}) on {result.images} images "
+          f"(variants of {args.images}/*.jpg): top-1 agreement {result.top1_agreement:.2%}, top-5 overlap {result.top5_overlap:.2%}")
+    if weights == "random":
+        print("note: random weights cannot judge accuracy (their scores are nearly flat): use real weights")
+    return 0
+
+
 def _model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
 
@@ -98,6 +166,31 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--workspace-gib", type=float, default=4.0)
     t.set_defaults(run=_trt)
 
+    from .build_cpu import DEFAULT_METHOD, METHODS
+
+    q = sub.add_parser("int8", help="ONNX -> INT8 for the CPU by post-training quantization, calibrated on images")
+    _model_argument(q)
+    q.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                   help=f"nncf: OpenVINO INT8 IR for models/<model>_openvino; onnxruntime: static QDQ ONNX for "
+                        f"models/<model>_int8 (default: {DEFAULT_METHOD}, the faster here: docs/performance.md)")
+    q.add_argument("--calibration", type=Path, default=SAMPLES, help="folder of images like the ones served (default: samples/)")
+    q.add_argument("--limit", type=int, help="calibrate on at most this many images of the folder (each also mirrored)")
+    q.add_argument("--onnx", type=Path, help="the FP32 ONNX (default: models/<model>_onnx/1/model.onnx)")
+    q.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml (onnxruntime: models/<model>_int8/1/model.onnx)")
+    q.set_defaults(run=_int8)
+
+    v = sub.add_parser("openvino", help="ONNX -> OpenVINO IR (FP32 weights) for models/<model>_openvino (needs openvino)")
+    _model_argument(v)
+    v.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
+    v.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml")
+    v.set_defaults(run=_openvino)
+
+    a = sub.add_parser("agreement", help="top-1 agreement and top-5 overlap of a CPU engine with its FP32 ONNX, on photos")
+    _model_argument(a)
+    a.add_argument("--engine", choices=("int8", "openvino"), default="int8", help="models/<model>_int8 or models/<model>_openvino")
+    a.add_argument("--images", type=Path, default=SAMPLES, help="folder of .jpg photos, each cropped, mirrored and rescaled")
+    a.set_defaults(run=_agreement)
+
     args = p.parse_args(argv)
     target = EXPORTS[args.model]
     if args.command in ("export", "torch"):
@@ -109,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             args.output = args.output or target.onnx_path
         else:
             args.output, args.onnx = args.output or target.torch_path, args.onnx or target.onnx_path
-    else:
+    elif args.command == "trt":
         args.onnx = args.onnx or target.onnx_path
         args.output = args.output or target.plan_path
         args.config = args.config or target.trt_config
+    elif args.command in ("int8", "openvino"):
+        args.onnx = args.onnx or target.onnx_path
+        openvino = args.command == "openvino" or args.method == "nncf"
+        args.output = args.output or (target.openvino_path if openvino else target.int8_path)
     return args.run(args)

@@ -2,7 +2,8 @@
 
 `EXPORTS` is the table of classifiers this repository can build: which torch model,
 which weights by default, and where its ONNX, TensorRT plan and TensorRT config live, and
-(resnet50) the torch model whose state dict export_torch.py writes from the same weights.
+(resnet50) the torch model whose state dict export_torch.py writes from the same weights;
+build_cpu.py writes the CPU engines (INT8, OpenVINO) of the same classifiers.
 """
 
 from __future__ import annotations
@@ -107,6 +108,22 @@ class ExportTarget:
     default_weights: str | None  # None: --weights must be given
     weights_help: str
     torch_model: str | None = None  # Triton model (python backend + torch) serving the state dict, if any
+
+    @property
+    def int8_model(self) -> str:  # onnxruntime's INT8 ONNX (engine_build int8)
+        return self.onnx_model.replace("_onnx", "_int8")
+
+    @property
+    def openvino_model(self) -> str:  # OpenVINO IR, FP32 or NNCF's INT8 (engine_build openvino / int8 --method nncf)
+        return self.onnx_model.replace("_onnx", "_openvino")
+
+    @property
+    def int8_path(self) -> Path:
+        return MODELS / self.int8_model / "1" / "model.onnx"
+
+    @property
+    def openvino_path(self) -> Path:
+        return MODELS / self.openvino_model / "1" / "model.xml"
 
     @property
     def onnx_path(self) -> Path:

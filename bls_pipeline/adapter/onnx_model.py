@@ -1,4 +1,4 @@
-"""The Triton model behind every *_onnx folder: one onnxruntime run per execute() batch.
+"""The Triton model behind every *_onnx and *_int8 folder: one onnxruntime run per execute() batch.
 
     import triton_python_backend_utils as pb_utils
     from bls_pipeline.adapter import onnx_model
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,19 @@ __all__ = ["onnx_model"]
 
 
 def onnx_model(pb_utils: Any) -> type:
+    def load(path: Path, inputs: list[str], outputs: list[str], params: dict[str, str]) -> OnnxModel:
+        return OnnxModel(path, inputs, outputs, intra_op_threads=int(params.get("intra_op_threads", "0")),
+                         allow_spinning=params.get("allow_spinning", "0") == "1",
+                         memory_arena=params.get("memory_arena", "1") == "1",
+                         prepacking=params.get("prepack_weights", "1") == "1")
+
+    return batch_model(pb_utils, load, "onnxruntime")
+
+
+def batch_model(pb_utils: Any, load: Callable[[Path, list[str], list[str], dict[str, str]], Any], stage: str) -> type:
+    """A Triton model that runs `load(artifact path, inputs, outputs, parameters)`'s `run`
+    once per execute() batch (the CPU engines: onnxruntime here, OpenVINO in openvino_model)."""
+
     class TritonPythonModel:
         def initialize(self, args):
             bridge_logging(pb_utils)
@@ -31,19 +44,14 @@ def onnx_model(pb_utils: Any) -> type:
             config = json.loads(args["model_config"])
             self.inputs = [t["name"] for t in config["input"]]
             self.outputs = [t["name"] for t in config["output"]]
-            self.model = OnnxModel(
-                Path(args["model_repository"]) / args["model_version"] / params["artifact"], self.inputs, self.outputs,
-                intra_op_threads=int(params.get("intra_op_threads", "0")),
-                allow_spinning=params.get("allow_spinning", "0") == "1",
-                memory_arena=params.get("memory_arena", "1") == "1",
-                prepacking=params.get("prepack_weights", "1") == "1",
-            )
+            self.model = load(Path(args["model_repository"]) / args["model_version"] / params["artifact"], self.inputs,
+                              self.outputs, params)
             freeze_startup_objects()
 
         def execute(self, requests):
             feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests] for name in self.inputs}
             sizes = [len(a) for a in feeds[self.inputs[0]]]
-            with hooks.stage("onnxruntime"):
+            with hooks.stage(stage):
                 outputs = self.model.run({name: parts[0] if len(parts) == 1 else np.concatenate(parts) for name, parts in feeds.items()})
             assert all(len(v) == sum(sizes) for v in outputs.values()), "output batch must equal the summed input batch"
             responses, start = [], 0

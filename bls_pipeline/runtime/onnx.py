@@ -1,5 +1,6 @@
-"""An ONNX model run by onnxruntime on CPU: the logic behind models/*_onnx, and what
-LocalFlow runs a child with when its folder holds the ONNX file."""
+"""The CPU engines: an ONNX model run by onnxruntime (the logic behind models/*_onnx and
+*_int8, and what LocalFlow runs a child with when its folder holds the ONNX file), and an
+OpenVINO IR run by OpenVINO (models/*_openvino)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["OnnxModel"]
+__all__ = ["OnnxModel", "OpenVinoModel"]
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +61,44 @@ class OnnxModel:
     def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         names = list(outputs or self.outputs)
         return dict(zip(names, self._session.run(names, feeds)))
+
+
+class OpenVinoModel:
+    """An OpenVINO IR (model.xml beside model.bin) compiled for the CPU: the logic behind
+    models/*_openvino, with OnnxModel's interface (`run` takes a whole batch in one call).
+
+    `threads` 0 lets OpenVINO use one per core; `precision` "" keeps OpenVINO's choice for
+    the CPU (bf16 where the CPU has it, else f32), "f32" forces FP32 arithmetic. An INT8 IR
+    (NNCF) runs its quantized layers in INT8 whatever `precision` says.
+    """
+
+    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], threads: int = 0, precision: str = ""):
+        try:
+            import openvino as ov
+        except ImportError as exc:
+            raise ImportError("openvino is needed for the *_openvino models: pip install 'bls-pipeline[openvino]'") from exc
+        model_path = Path(model_path)
+        if not model_path.exists() or not model_path.with_suffix(".bin").exists():
+            raise FileNotFoundError(f"{model_path} (and its .bin) is missing: build it with engine_build "
+                                    "(python -m engine_build openvino --help)")
+        core = ov.Core()
+        model = core.read_model(os.path.realpath(model_path))
+        names_in = sorted(n for p in model.inputs for n in p.get_names() if n in inputs) or sorted(p.get_any_name() for p in model.inputs)
+        names_out = sorted(n for p in model.outputs for n in p.get_names() if n in outputs) or sorted(p.get_any_name() for p in model.outputs)
+        if names_in != sorted(inputs) or names_out != sorted(outputs):
+            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt declares "
+                             f"{sorted(inputs)} and {sorted(outputs)}: rebuild it or fix the config")
+        config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = str(threads)
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = precision
+        self._compiled = core.compile_model(model, "CPU", config)
+        self._request = self._compiled.create_infer_request()  # one execute() at a time per instance
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
+        log.info("OpenVINO on %s (threads: %s, precision: %s)", model_path, threads or "one per core",
+                 self._compiled.get_property("INFERENCE_PRECISION_HINT"))
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        result = self._request.infer(feeds)
+        return {name: result[self._compiled.output(name)] for name in (outputs or self.outputs)}

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..runtime.loader import declared_models, is_flow_model
 from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
-__all__ = ["LoadPlan", "Repository", "drain_stages", "export_hint", "plan_loading"]
+__all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading"]
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,22 @@ def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
     return ()
 
 
+# The CPU engines engine_build writes from a model's ONNX export: suffix -> command ({} the family).
+CPU_ENGINES = {"_int8": "int8 --model {} --method onnxruntime",
+               "_openvino": "int8 --model {} (NNCF's INT8; or `openvino --model {}`, FP32)"}
+
+
 def export_hint(model: str, weights: str | None = None) -> str:
     """The command that builds `model`'s artifact, for this Python (copy it as it is);
     `weights` picks them (e.g. "random" for a benchmark), else the export's default."""
-    family = model.rsplit("_", 1)[0] if model.endswith(("_onnx", "_trt")) else model
+    family = model.rsplit("_", 1)[0] if model.endswith(("_onnx", "_trt", *CPU_ENGINES)) else model
     python = shlex.quote(sys.executable)
     if model.endswith("_trt"):
         return f"{python} -m engine_build trt --model {family} --fp16 (needs TensorRT and a GPU)"
+    for suffix, command in CPU_ENGINES.items():
+        if model.endswith(suffix):
+            onnx = export_hint(f"{family}_onnx", weights)
+            return f"{python} -m engine_build {command.format(family, family)}, after the ONNX export: {onnx}"
     try:
         from engine_build.export_onnx import EXPORTS
     except ImportError:  # an installed package without engine_build
@@ -127,6 +136,87 @@ def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> s
         else:
             hint = export_hint(model_dir.name)
         return f"{model_dir.name}/1/{artifact} is missing: export it with {hint}"
+    if artifact and model_dir.name.endswith(tuple(CPU_ENGINES)):  # an engine built here, checked before Triton loads it
+        problem = artifact_problem(version / artifact)
+        if problem:
+            return f"{model_dir.name}/1/{artifact} is unusable ({problem}): rebuild it with {export_hint(model_dir.name)}"
+    return None
+
+
+def artifact_problem(path: Path) -> str | None:
+    """Why an ONNX file or an OpenVINO IR cannot be a whole model, from its structure alone
+    (cheap: no runtime is loaded), or None. Catches empty, truncated and foreign files, an
+    IR without its weights, not every corruption: the server's load is the final check."""
+    path = Path(path)
+    if path.suffix == ".onnx":
+        return _onnx_problem(path)
+    if path.suffix == ".xml":
+        return _ir_problem(path)
+    return None
+
+
+def _varint(f) -> int | None:
+    shift = value = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            return None
+
+
+def _onnx_problem(path: Path) -> str | None:
+    """Walk the top-level fields of the ModelProto: every length must end inside the file,
+    the last exactly at its end, and the graph (field 7) must be there."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty"
+    fields = set()
+    with open(path, "rb") as f:
+        while f.tell() < size:
+            tag = _varint(f)
+            if tag is None or tag >> 3 == 0:
+                return "not an ONNX model: bad protobuf field"
+            wire = tag & 7
+            if wire == 0:
+                if _varint(f) is None:
+                    return "truncated"
+            elif wire == 2:
+                length = _varint(f)
+                if length is None or f.tell() + length > size:
+                    return "truncated: a field runs past the end of the file"
+                f.seek(length, 1)
+            elif wire in (1, 5):
+                f.seek(8 if wire == 1 else 4, 1)
+            else:
+                return "not an ONNX model: bad protobuf wire type"
+            fields.add(tag >> 3)
+        if f.tell() != size:
+            return "truncated"
+    return None if 7 in fields else "not an ONNX model: no graph"
+
+
+def _ir_problem(path: Path) -> str | None:
+    """The IR's XML parses as a <net>, and every weight it points at lies inside its .bin."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        return f"not an OpenVINO IR: {exc}"
+    if root.tag != "net":
+        return f"not an OpenVINO IR: the root element is <{root.tag}>, not <net>"
+    weights = path.with_suffix(".bin")
+    if not weights.exists():
+        return f"{weights.name} (its weights) is missing"
+    end = max((int(d.get("offset", 0)) + int(d.get("size", 0)) for d in root.iter("data") if d.get("offset") is not None),
+              default=0)
+    if end > weights.stat().st_size:
+        return f"{weights.name} is shorter ({weights.stat().st_size} bytes) than the IR needs ({end})"
     return None
 
 

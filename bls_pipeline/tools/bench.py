@@ -40,6 +40,9 @@ TARGETS = ("classifier", "classify_bls", "ensemble_resnet50")
 # Cascade variants (efficientnet_lite0 first, unsure images to resnet50) at two thresholds.
 DRAFT = DecodePolicy().draft_min_side
 CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
+# A classifier engine as a target: "classifier@MODEL" is MODEL fed preprocessed tensors,
+# "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8).
+ENGINE_TARGETS = ("classifier", "classify_bls")
 
 
 @dataclass
@@ -82,9 +85,18 @@ def tensor_set(images: list[bytes]) -> list[np.ndarray]:
     return tensors
 
 
+def _engine(target: str) -> tuple[str, str] | None:
+    """("classifier" or "classify_bls", MODEL) for an engine target, else None."""
+    kind, _, model = target.partition("@")
+    return (kind, model) if model and kind in ENGINE_TARGETS else None
+
+
 def _model(target: str, classifier: str = CLASSIFIER) -> str:
     if target == "classifier":
         return classifier
+    engine = _engine(target)
+    if engine is not None:
+        return engine[1] if engine[0] == "classifier" else f"classify_bls__{engine[1]}"
     if target in CASCADES:
         return "classify_bls_cascade_" + CASCADES[target].replace(".", "")
     return target
@@ -93,16 +105,20 @@ def _model(target: str, classifier: str = CLASSIFIER) -> str:
 def build_request(tc, target: str, payload, classifier: str = CLASSIFIER) -> tuple[str, list, list]:
     """Model name, inputs and outputs for one request, built once and reused. The
     "classifier" target is `classifier` fed preprocessed tensors."""
-    if target == "classifier":
+    if _fed_tensors(target):
         inp = tc.InferInput(CLASSIFIER_INPUT.name, list(payload.shape), "FP32")
         inp.set_data_from_numpy(payload)
-        return classifier, [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
+        return _model(target, classifier), [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
     inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
     inp.set_data_from_numpy(np.array([[payload]], dtype=object))
     outputs = [tc.InferRequestedOutput(LABELS.name)]
     if target in CASCADES:
         outputs.append(tc.InferRequestedOutput(ROUTE.name))
     return _model(target), [inp], outputs
+
+
+def _fed_tensors(target: str) -> bool:
+    return target == "classifier" or (_engine(target) or ("",))[0] == "classifier"
 
 
 def _server_stats(client, model: str) -> dict[str, int]:
@@ -255,6 +271,16 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
     if ("classify_bls", c1) in by and ("classifier", c1) in by and small:
         out[f"classify_bls p50 - (classifier p50 + preprocess) ms at c={c1}"] = (
             by["classify_bls", c1].p50_ms - by["classifier", c1].p50_ms - small[0]["ms_per_image"])
+    for engine in sorted({m for t, _ in by if (e := _engine(t)) for m in (e[1],)}):
+        bls, alone = f"classify_bls@{engine}", f"classifier@{engine}"
+        if (bls, c8) in by and ("classify_bls", c8) in by:
+            out[f"{bls} / classify_bls images/s at c={c8}"] = by[bls, c8].images_per_s / by["classify_bls", c8].images_per_s
+        if (bls, c1) in by and ("classify_bls", c1) in by:
+            out[f"{bls} p50 / classify_bls p50 at c={c1}"] = by[bls, c1].p50_ms / by["classify_bls", c1].p50_ms
+        if (bls, c8) in by and (alone, c8) in by:
+            out[f"{bls} / {alone} images/s at c={c8}"] = by[bls, c8].images_per_s / by[alone, c8].images_per_s
+        if (alone, c8) in by and ("classifier", c8) in by:
+            out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
     for name in CASCADES:
         if (name, c8) in by and ("classify_bls", c8) in by:
             out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
@@ -293,10 +319,11 @@ def _machine() -> dict:
     return {"machine": f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}", "versions": versions}
 
 
-def bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
+def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[str, ...] = ()) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
-    flip branch is off so classify_bls does the same work as the branch-less ensemble."""
-    artifacts = ("*.onnx", "*.onnx.data", "*.plan")
+    flip branch is off so classify_bls does the same work as the branch-less ensemble.
+    Each of `engines` gets a classify_bls__ENGINE: classify_bls with that classifier alone."""
+    artifacts = ("*.onnx", "*.onnx.data", "*.plan", "*.xml", "*.bin")
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(*artifacts, "__pycache__"))
     for artifact in [a for pattern in artifacts for a in src.glob(f"*/1/{pattern}")]:
         (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
@@ -308,9 +335,17 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool) -> None:
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"cascade_threshold": threshold, "tta_threshold": "0"}))
-    if not keep_branches:  # resnet50 alone, no flip pass: the same work as the ensemble
-        (dst / "classify_bls" / "config.pbtxt").write_text(
-            config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "tta_threshold": "0"}))
+    for engine in engines:
+        name = f"classify_bls__{engine}"
+        (dst / name).mkdir()
+        (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
+        (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"classifiers": engine, "cascade_classifiers": "none",
+                                                                            **({} if keep_branches else {"tta_threshold": "0"})}))
+    # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
+    # and without keep_branches no flip pass: the same work as the ensemble.
+    (dst / "classify_bls" / "config.pbtxt").write_text(
+        config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "classifiers": CLASSIFIER,
+                                             **({} if keep_branches else {"tta_threshold": "0"})}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
     p.add_argument("--targets", default=",".join(TARGETS),
-                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, or any flow model in the repository (as it is configured)")
+                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL or classify_bls@MODEL for a classifier "
+                        "MODEL of the repository (e.g. resnet50_int8), or any flow model in the repository (as it is configured)")
     p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="use a running server (its own config) instead of starting one")
@@ -333,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_repository is None or args.images is None:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows))
+    engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows)
+                 - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
     points: list[Point] = []
@@ -346,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            bench_repository(args.model_repository, repo, args.keep_branches)
+            bench_repository(args.model_repository, repo, args.keep_branches, engines)
             needed = tuple(sorted({_model(t) for t in targets}))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
+            if missing and set(missing) & set(engines):
+                p.error(f"cannot benchmark without {missing}: build the engines first "
+                        "(python -m engine_build int8 --help, python -m engine_build openvino --help)")
             if missing:
                 p.error(f"cannot benchmark without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
                         + export_hint("resnet50_onnx", weights="random"))
@@ -367,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         # drift on a shared machine hits every target alike.
         grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]
         for _, target, c in tqdm(grid, desc="bench", unit="point"):
-            payloads = tensors if target == "classifier" else images
+            payloads = tensors if _fed_tensors(target) else images
             runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
         points = [sorted(rs, key=lambda pt: pt.images_per_s)[len(rs) // 2] for rs in runs.values()]
     finally:

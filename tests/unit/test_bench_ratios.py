@@ -34,7 +34,7 @@ def test_ratios_pair_points_of_the_same_round():
 
 def test_the_bench_repository_serves_every_target(tmp_path):
     src = tmp_path / "models"
-    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "__pycache__"))
+    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
     for onnx in src.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"an export")
     dst = tmp_path / "bench" / "models"

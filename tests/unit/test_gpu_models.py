@@ -21,7 +21,7 @@ from bls_pipeline.runtime.torch_classifier import TorchSettings
 from bls_pipeline.serve.repository import plan_loading
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-ORDER = ("resnet50_trt", "resnet50_torch", "resnet50_onnx")
+ORDER = ("resnet50_trt", "resnet50_torch", "resnet50_openvino", "resnet50_int8", "resnet50_onnx")
 
 
 def test_resnet50_torch_has_the_classifier_contract_on_a_gpu_instance():

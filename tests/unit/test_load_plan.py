@@ -18,7 +18,7 @@ TRT = ("efficientnet_lite0_trt", "resnet50_trt")
 def repo(tmp_path) -> Path:
     """models/ as shipped with a (fake) ONNX for every *_onnx model, and no TensorRT plan."""
     dst = tmp_path / "models"
-    shutil.copytree(MODELS, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "__pycache__"))
+    shutil.copytree(MODELS, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
     for onnx in dst.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"")
     return dst

@@ -28,7 +28,7 @@ CLASSIFIERS = _listed("classify_bls", "cascade_classifiers", "classifiers")  # e
 def repo(tmp_path) -> Path:
     """models/ as shipped, with a (fake) ONNX file for every *_onnx model."""
     dst = tmp_path / "models"
-    shutil.copytree(MODELS, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "__pycache__"))
+    shutil.copytree(MODELS, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
     for onnx in dst.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"")
     return dst

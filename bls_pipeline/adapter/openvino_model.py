@@ -1,0 +1,27 @@
+"""The Triton model behind every *_openvino folder: one OpenVINO inference per execute() batch.
+
+    import triton_python_backend_utils as pb_utils
+    from bls_pipeline.adapter import openvino_model
+    TritonPythonModel = openvino_model(pb_utils)
+
+The IR (model.xml, with model.bin beside it) is the `artifact` parameter's, in the version
+folder; tensor names come from the model's own config.pbtxt and are checked at load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..runtime.onnx import OpenVinoModel
+from .onnx_model import batch_model
+
+__all__ = ["openvino_model"]
+
+
+def openvino_model(pb_utils: Any) -> type:
+    def load(path: Path, inputs: list[str], outputs: list[str], params: dict[str, str]) -> OpenVinoModel:
+        return OpenVinoModel(path, inputs, outputs, threads=int(params.get("inference_threads", "0")),
+                             precision=params.get("inference_precision", ""))
+
+    return batch_model(pb_utils, load, "openvino")

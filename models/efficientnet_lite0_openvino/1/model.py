@@ -1,0 +1,1 @@
+../../resnet50_openvino/1/model.py
