@@ -53,6 +53,7 @@ class OcrModel:
     folder: str  # model folder in the repository; the ONNX goes to <folder>/1/model.onnx
     member: str  # path of the ONNX file inside the wheel
     names: dict[str, str]  # the wheel's tensor names -> ours (config.pbtxt)
+    characters: bool = False  # its metadata's character list goes to <folder>/1/characters.txt
 
 
 OCR_MODELS = (
@@ -61,7 +62,7 @@ OCR_MODELS = (
     OcrModel("text_orientation", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
              {"x": "image", "save_infer_model/scale_0.tmp_1": "probs"}),
     OcrModel("text_recognizer", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-             {"x": "image", "softmax_11.tmp_0": "probs"}),
+             {"x": "image", "softmax_11.tmp_0": "probs"}, characters=True),
 )
 # The recogniser's metadata key holding its characters, one per line; written beside its model.
 CHARACTERS_KEY = "character"
@@ -154,23 +155,22 @@ def build_ocr_models(repository: Path = MODELS, cache: Path = CACHE) -> dict[str
     """Writes the three OCR models' ONNX files (and the recogniser's characters) into
     `repository`; returns {model folder: ONNX path}."""
     repository = Path(repository)
-    steps = tqdm(total=1 + len(OCR_MODELS), desc="ocr models", unit="step", file=sys.stderr)
-    steps.set_postfix_str(f"fetch {WHEEL.package}=={WHEEL.version}")
-    wheel = fetch_wheel(cache)
-    steps.update()
     written = {}
-    with zipfile.ZipFile(wheel) as archive:
-        for model in OCR_MODELS:
-            steps.set_postfix_str(model.folder)
-            version_dir = repository / model.folder / "1"
-            metadata = _write_model(archive.read(model.member), model, version_dir)
-            if CHARACTERS_KEY in metadata:
-                (version_dir / CHARACTERS_FILE).write_text(metadata[CHARACTERS_KEY].rstrip("\n") + "\n", encoding="utf-8")
-            written[model.folder] = version_dir / "model.onnx"
-            log.info("wrote %s (%s, inputs/outputs %s)", written[model.folder], Path(model.member).name,
-                     ", ".join(f"{a} -> {b}" for a, b in model.names.items()))
-            steps.update()
-    steps.close()
-    if not (repository / "text_recognizer" / "1" / CHARACTERS_FILE).is_file():
-        raise ValueError(f"{OCR_MODELS[2].member} has no {CHARACTERS_KEY!r} metadata: cannot write the recogniser's characters")
+    with tqdm(total=1 + len(OCR_MODELS), desc="ocr models", unit="step", file=sys.stderr) as steps:
+        steps.set_postfix_str(f"fetch {WHEEL.package}=={WHEEL.version}")
+        wheel = fetch_wheel(cache)
+        steps.update()
+        with zipfile.ZipFile(wheel) as archive:
+            for model in OCR_MODELS:
+                steps.set_postfix_str(model.folder)
+                version_dir = repository / model.folder / "1"
+                metadata = _write_model(archive.read(model.member), model, version_dir)
+                if model.characters:
+                    if CHARACTERS_KEY not in metadata:
+                        raise ValueError(f"{model.member} has no {CHARACTERS_KEY!r} metadata: cannot write its characters")
+                    (version_dir / CHARACTERS_FILE).write_text(metadata[CHARACTERS_KEY].rstrip("\n") + "\n", encoding="utf-8")
+                written[model.folder] = version_dir / "model.onnx"
+                log.info("wrote %s (%s, inputs/outputs %s)", written[model.folder], Path(model.member).name,
+                         ", ".join(f"{a} -> {b}" for a, b in model.names.items()))
+                steps.update()
     return written
