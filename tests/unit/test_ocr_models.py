@@ -161,6 +161,12 @@ def test_ctc_decoding_collapses_repeats_and_drops_blanks():
     texts, confidence = recognize.ctc_decode(probs, classes)
     assert texts == ["aa b", ""]
     np.testing.assert_allclose(confidence, [np.mean([0.9, 0.7, 0.6, 0.5]), 0.0], rtol=1e-6)
+    margins = np.zeros((1, 5, 4), np.float32)
+    for t, (c, p) in enumerate([(3, 0.5), (1, 0.9), (3, 0.8), (2, 0.7), (3, 0.1)]):  # ' a b ': the margins read as spaces
+        margins[0, t, c] = p
+    texts, confidence = recognize.ctc_decode(margins, classes)
+    assert texts == ["a b"]
+    np.testing.assert_allclose(confidence, [np.mean([0.9, 0.8, 0.7])], rtol=1e-6)
     with pytest.raises(ValueError, match="scores 4 classes but the character list gives 3"):
         recognize.ctc_decode(probs, classes[:3])
 

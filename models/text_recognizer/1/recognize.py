@@ -3,7 +3,7 @@
     image        (n, 3, 48, W) float32: a text line scaled to fit keeping its aspect ratio,
                  padded bottom/right with 127.5 (0 after normalising), (x/255 - 0.5) / 0.5
                  (config.pbtxt: W = 320)
-    TEXT         (n, 1) bytes, UTF-8
+    TEXT         (n, 1) bytes, UTF-8, without spaces at either end
     CONFIDENCE   (n, 1) float32: mean of the kept steps' probabilities (0 for no text)
 
 The model's output is (n, steps, classes) probabilities. Its classes follow PaddleOCR's CTC
@@ -46,14 +46,26 @@ def read_classes(path: Path) -> tuple[str, ...]:
 
 
 def ctc_decode(probs: np.ndarray, classes: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
-    """Greedy CTC: the likeliest class per step, repeats collapsed, blanks (class 0) dropped.
-    Returns the texts and their confidences (n,) float32."""
+    """Greedy CTC: the likeliest class per step, repeats collapsed, blanks (class 0) dropped,
+    then spaces at either end (PP-OCRv4 often reads the margin before a line as one).
+    Returns the texts and their confidences (n,) float32: the mean probability of the steps
+    that made the text."""
     if probs.shape[-1] != len(classes):
         raise ValueError(f"the model scores {probs.shape[-1]} classes but the character list gives {len(classes)} "
                          "(blank, characters, space): rebuild both with python -m engine_build ocr")
     best, best_p = probs.argmax(axis=-1), probs.max(axis=-1)
     kept = best != 0
     kept[:, 1:] &= best[:, 1:] != best[:, :-1]
-    texts = ["".join(classes[c] for c in row[keep]) for row, keep in zip(best, kept)]
-    confidence = np.array([p[keep].mean() if keep.any() else 0.0 for p, keep in zip(best_p, kept)], np.float32)
+    texts, confidence = [], np.zeros(len(best), np.float32)
+    for i, (row, keep) in enumerate(zip(best, kept)):
+        steps = np.flatnonzero(keep)
+        chars = [classes[c] for c in row[steps]]
+        start, end = 0, len(chars)
+        while start < end and chars[start].isspace():
+            start += 1
+        while end > start and chars[end - 1].isspace():
+            end -= 1
+        texts.append("".join(chars[start:end]))
+        if end > start:
+            confidence[i] = best_p[i, steps[start:end]].mean()
     return texts, confidence
