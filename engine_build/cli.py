@@ -1,4 +1,4 @@
-"""`python -m engine_build export|torch|trt|int8|openvino [--model NAME]`: one command per artifact."""
+"""`python -m engine_build export|torch|trt|int8|openvino [--model NAME]`, `ocr`: one command per artifact."""
 
 from __future__ import annotations
 
@@ -130,6 +130,18 @@ def _agreement(args) -> int:
     return 0
 
 
+def _ocr(args) -> int:
+    from .ocr import OcrWeightsUnavailable, build_ocr_models
+
+    try:
+        written = build_ocr_models(args.repository)
+    except OcrWeightsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(str(p) for p in written.values())} (PP-OCR weights from the rapidocr-onnxruntime wheel, Apache-2.0)")
+    return 0
+
+
 def _model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
 
@@ -190,8 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--engine", choices=("int8", "openvino"), default="int8", help="models/<model>_int8 or models/<model>_openvino")
     a.add_argument("--images", type=Path, default=SAMPLES, help="folder of .jpg photos, each cropped, mirrored and rescaled")
     a.set_defaults(run=_agreement)
+    o = sub.add_parser("ocr", help="PP-OCR text detector, orientation classifier and recogniser -> models/text_*/1/model.onnx")
+    o.add_argument("--repository", type=Path, default=MODELS, help=f"model repository to write into (default: {MODELS})")
+    o.set_defaults(run=_ocr)
 
     args = p.parse_args(argv)
+    if args.command == "ocr":
+        return args.run(args)
     target = EXPORTS[args.model]
     if args.command in ("export", "torch"):
         if args.weights is None:

@@ -91,8 +91,11 @@ def export_hint(model: str, weights: str | None = None) -> str:
             return f"{python} -m engine_build {command.format(family, family)}, after the ONNX export: {onnx}"
     try:
         from engine_build.export_onnx import EXPORTS
+        from engine_build.ocr import OCR_MODELS
     except ImportError:  # an installed package without engine_build
         return f"{python} -m engine_build export --help"
+    if model in {m.folder for m in OCR_MODELS}:  # downloaded weights, one command for the three
+        return f"{python} -m engine_build ocr"
     target = EXPORTS.get(family)
     if target is None:
         return f"export it to {model}/1 (engine_build knows only {', '.join(EXPORTS)})"

@@ -106,3 +106,16 @@ def test_drain_orders_a_flow_that_calls_a_flow(repo):
         "cascade_classifiers": "none", "classifiers": "classify_bls"}))
     stages = drain_stages(repo, ("classify_bls", "outer", "resnet50_onnx", "efficientnet_lite0_onnx"))
     assert stages == [("outer",), ("classify_bls",), ("resnet50_onnx", "efficientnet_lite0_onnx")]
+
+
+def test_the_ocr_models_wait_for_their_weights(repo):
+    """A function model (text_detector, text_recognizer) and an ONNX one (text_orientation)
+    whose artifact is absent are left out, with the command that writes it."""
+    ocr = ("text_detector", "text_orientation", "text_recognizer")
+    plan = plan_loading(repo, {"python"}, only=ocr)
+    assert plan.load == ()
+    assert plan.skipped == {name: f"{name}/1/model.onnx is missing: export it with {sys.executable} -m engine_build ocr"
+                            for name in ocr}
+    for name in ocr:
+        (repo / name / "1" / "model.onnx").write_bytes(b"")
+    assert plan_loading(repo, {"python"}, only=ocr).load == ocr

@@ -1,0 +1,1 @@
+../../resnet50_onnx/1/model.py
