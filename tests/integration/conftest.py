@@ -49,6 +49,9 @@ def _variant(repo: Path, base: str, name: str, params: dict[str, str], instances
 def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Path:
     repo = tmp_path_factory.mktemp("repo") / "models"
     _copy_repo(repo_root / "models", repo)
+    from engine_build.ocr import build_ocr_models
+
+    build_ocr_models(repo)  # read_text's children: PP-OCR from the rapidocr wheel (cached under build/)
     for artifact, model in ((onnx_model, "resnet50_onnx"), (effnet_onnx_model, "efficientnet_lite0_onnx")):
         for src in artifact_files(artifact):  # the graph, its weights, the weights stamp
             shutil.copy(src, repo / model / "1" / src.name)
