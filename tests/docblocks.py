@@ -67,3 +67,22 @@ def tables(out: str) -> list[dict[str, tuple[str, str]]]:
         rows = re.findall(r"^(\S+\.(?:jpg|png))\s+(?:\d\.\d{3}|-)\s+(.+?)\s+(\S+:\S+)$", chunk, re.M)
         found.append({name: (top, route) for name, top, route in rows})
     return found
+
+
+def details(out: str) -> list[dict[str, list[str]]]:
+    """bls-classify's tables in `out`: per table, file -> the lines printed under it, stripped
+    (the flow's own outputs `NAME: value`, its regions `region N [x0,y0,x1,y1] ...`)."""
+    found = []
+    for chunk in re.split(r"^file\s+score\s+class\s+route$", out, flags=re.M)[1:]:
+        table: dict[str, list[str]] = {}
+        current = None
+        for line in chunk.splitlines():
+            row = re.match(r"^(\S+\.(?:jpg|png))\s", line)
+            if row:
+                current = table.setdefault(row.group(1), [])
+            elif current is not None and line.startswith(" ") and line.strip():
+                current.append(line.strip())
+            else:
+                current = None
+        found.append(table)
+    return found

@@ -1,15 +1,17 @@
-"""docs/extending.md as it stands: its files make a new flow model in a copy of the test
-repository, with no change under bls_pipeline/; its commands run the user's unit test, then
-serve the model and ask it over HTTP and gRPC."""
+"""docs/extending.md as it stands: its files make new models (flows, a numpy head, an ONNX
+child) in a copy of the test repository, with no change under bls_pipeline/; its commands
+run the user's unit tests, export the ONNX child, then serve the models and ask them over
+HTTP and gRPC."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from docblocks import commands, files, run_block, tables, user_checkout
+from docblocks import commands, details, files, run_block, tables, user_checkout
 
 pytestmark = pytest.mark.integration
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
@@ -19,8 +21,11 @@ def guide_files() -> dict[str, str]:
     return files(GUIDE)
 
 
-def guide_commands() -> list[str]:
-    return commands(GUIDE)
+def guide_command(containing: str) -> str:
+    """The guide's one `bash run` block that contains this text."""
+    found = [c for c in commands(GUIDE) if containing in c]
+    assert len(found) == 1, f"{len(found)} run blocks contain {containing!r}"
+    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +38,51 @@ def user_repo(model_repo, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def run(user_repo):
+    """Run the guide's block that contains this text, once; later steps reuse its result (the
+    export before the server that serves it), whichever test asks first."""
+    done = {}
+
+    def run(containing: str, timeout: int = 420):
+        if containing not in done:
+            done[containing] = run_block(guide_command(containing), user_repo, timeout=timeout)
+        return done[containing]
+
+    return run
+
+
+USERS_FILES = {
+    # sections 1-5: a flow
+    "models/cat_check/config.pbtxt", "models/cat_check/1/model.py", "models/cat_check/1/flow.py", "tests/test_cat_check.py",
+    # 6-7: a numpy model fed another model's output, and a flow with an extra output
+    "models/cat_head/config.pbtxt", "models/cat_head/labels.txt", "models/cat_head/1/model.py",
+    "models/cat_head/1/cat_head.py",
+    "models/cat_or_not/config.pbtxt", "models/cat_or_not/1/model.py", "models/cat_or_not/1/flow.py",
+    "tests/test_cat_or_not.py",
+    # 8: an ONNX child exported with torch, and the flow that calls it
+    "models/colour_net/config.pbtxt", "models/colour_net/labels.txt", "models/colour_net/export.py",
+    "models/colour_net/1/model.py",
+    "models/dominant_colour/config.pbtxt", "models/dominant_colour/1/model.py", "models/dominant_colour/1/flow.py",
+    "tests/test_dominant_colour.py",
+}
+
+
 def test_the_guide_writes_only_the_users_own_files():
-    files = guide_files()
-    assert set(files) == {"models/cat_check/config.pbtxt", "models/cat_check/1/model.py", "models/cat_check/1/flow.py",
-                          "tests/test_cat_check.py"}
-    assert not [f for f in files if f.startswith("bls_pipeline/")]
-    assert len(guide_commands()) == 2
+    written = set(guide_files())
+    assert written == USERS_FILES
+    assert all(f.startswith(("models/", "tests/")) for f in written)  # no library edit: nothing under bls_pipeline/
+    assert len(commands(GUIDE)) == 5
 
 
-def test_the_users_unit_test_passes_in_process(user_repo):
-    result = run_block(guide_commands()[0], user_repo, timeout=120)
+def test_the_users_unit_test_passes_in_process(run):
+    result = run("tests/test_cat_check.py", timeout=120)
     assert result.returncode == 0, result.stdout
     assert "1 passed" in result.stdout
 
 
-def test_the_new_model_serves_over_http_and_grpc(user_repo, repo_root):
-    result = run_block(guide_commands()[1], user_repo)
+def test_the_new_model_serves_over_http_and_grpc(run, repo_root):
+    result = run("--models cat_check ")
     assert result.returncode == 0, result.stdout
     out = result.stdout
     assert re.search(r"^Serving cat_check, efficientnet_lite0_onnx, resnet50_onnx from", out, re.M), out
@@ -61,3 +95,41 @@ def test_the_new_model_serves_over_http_and_grpc(user_repo, repo_root):
     # gRPC, the cat alone, top-1: the same answer.
     assert grpc == {"chelsea.jpg": http["chelsea.jpg"]}
     assert "successfully unloaded 'cat_check'" in out  # `kill %1`: bls-serve drained and stopped
+
+
+def test_the_head_on_another_models_logits_passes_in_process(run):
+    result = run("tests/test_cat_or_not.py", timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "1 passed" in result.stdout
+
+
+def test_the_onnx_child_exports_and_passes_in_process(run, user_repo):
+    result = run("models/colour_net/export.py", timeout=180)
+    assert result.returncode == 0, result.stdout
+    assert "1 passed" in result.stdout
+    assert (user_repo / "models" / "colour_net" / "1" / "model.onnx").is_file()
+
+
+def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
+    assert run("models/colour_net/export.py", timeout=180).returncode == 0  # the ONNX file it serves
+    result = run("--models cat_or_not,dominant_colour")
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert re.search(r"^Serving cat_head, cat_or_not, colour_net, dominant_colour, efficientnet_lite0_onnx from", out,
+                     re.M), out
+    cat_or_not, colours, colours_grpc = tables(out)
+    cat_details, _, _ = details(out)
+    # cat_or_not: the head's answer on efficientnet_lite0's logits, and the extra output.
+    assert cat_or_not == {"chelsea.jpg": ("cat (1)", "cat_head:efficientnet_lite0_onnx"),
+                          "mug.jpg": ("not a cat (0)", "cat_head:efficientnet_lite0_onnx")}
+    assert cat_details == {"chelsea.jpg": ["NEEDS_REVIEW: True"], "mug.jpg": ["NEEDS_REVIEW: False"]}
+    # ... and over gRPC as JSON: the flow's own outputs under "outputs".
+    (answer,) = json.loads(re.search(r"^\[\n.*?^\]$", out, re.M | re.S).group(0))
+    assert answer["labels"][0].endswith(":1:cat") and answer["outputs"] == {"NEEDS_REVIEW": True}
+    # dominant_colour: the ONNX child on every sample, in BGR as it reads them: the sky is blue.
+    assert set(colours) == {p.name for p in (repo_root / "samples").iterdir() if p.suffix in (".jpg", ".png")}
+    assert {route for _, route in colours.values()} == {"colour_net:colour"}
+    assert colours["rocket.jpg"] == ("blue (0)", "colour_net:colour")
+    assert colours["coffee.jpg"] == ("red (2)", "colour_net:colour")
+    assert colours_grpc == {"rocket.jpg": colours["rocket.jpg"]}
+    assert "successfully unloaded 'cat_or_not'" in out and "successfully unloaded 'dominant_colour'" in out
