@@ -118,6 +118,10 @@ def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> s
         if not plan.exists():
             return f"{model_dir.name}/1/{plan.name} is missing: build it with {export_hint(model_dir.name)}"
         return None
+    # A backend this server lacks is the first reason: no GPU would not make it load either.
+    backend = config.backend or config.platform
+    if backend not in backends:
+        return f"this tritonserver has no {backend} backend"
     # A KIND_GPU instance on a machine with no GPU (or with every GPU hidden): Triton would
     # fail the load. The same test as the launcher's pinned-memory choice, plus CUDA_VISIBLE_DEVICES.
     import os
@@ -127,9 +131,6 @@ def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> s
         if hidden or not (Path("/dev/nvidiactl").exists() or any(Path("/dev").glob("nvidia[0-9]*"))):
             why = "CUDA_VISIBLE_DEVICES hides every GPU" if hidden else "this machine has no GPU"
             return f"its instance_group is KIND_GPU and {why}"
-    backend = config.backend or config.platform
-    if backend not in backends:
-        return f"this tritonserver has no {backend} backend"
     artifact = string_parameters(config).get(ARTIFACT_PARAMETER)
     if artifact and not (version / artifact).exists():
         if model_dir.name.endswith("_torch"):  # its state dict comes from engine_build's torch command

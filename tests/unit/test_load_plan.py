@@ -50,3 +50,18 @@ def test_the_shipped_flows_load_the_same_cpu_models_either_way(repo):
     for backends in ({"python"}, {"python", "tensorrt"}):
         plan = plan_loading(repo, backends, only=("classify_bls",))
         assert plan.load == cpu and set(TRT) <= set(plan.skipped), backends
+
+
+def test_a_native_gpu_model_on_a_server_without_its_backend_names_the_backend(repo, monkeypatch):
+    """A GPU-only onnxruntime child on the embedded server (python backend only): the missing
+    backend is the reason given, whether or not this machine has a GPU."""
+    (repo / "colour_net" / "1").mkdir(parents=True)
+    (repo / "colour_net" / "1" / "model.onnx").write_bytes(b"")
+    (repo / "colour_net" / "config.pbtxt").write_text(
+        'name: "colour_net"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        'input [ { name: "image", data_type: TYPE_UINT8, dims: [ 96, 96, 3 ] } ]\n'
+        'output [ { name: "logits", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+        'instance_group [ { count: 1, kind: KIND_GPU } ]\n')
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    plan = plan_loading(repo, {"python"}, only=("colour_net",))
+    assert plan.skipped == {"colour_net": "this tritonserver has no onnxruntime backend"}
