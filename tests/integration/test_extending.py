@@ -65,6 +65,9 @@ USERS_FILES = {
     "models/colour_net/1/model.py",
     "models/dominant_colour/config.pbtxt", "models/dominant_colour/1/model.py", "models/dominant_colour/1/flow.py",
     "tests/test_dominant_colour.py",
+    # 9: a detector's regions sent to a second model
+    "models/upside_down/config.pbtxt", "models/upside_down/1/model.py", "models/upside_down/1/flow.py",
+    "tests/test_upside_down.py",
 }
 
 
@@ -72,7 +75,7 @@ def test_the_guide_writes_only_the_users_own_files():
     written = set(guide_files())
     assert written == USERS_FILES
     assert all(f.startswith(("models/", "tests/")) for f in written)  # no library edit: nothing under bls_pipeline/
-    assert len(commands(GUIDE)) == 5
+    assert len(commands(GUIDE)) == 6
 
 
 def test_the_users_unit_test_passes_in_process(run):
@@ -110,21 +113,28 @@ def test_the_onnx_child_exports_and_passes_in_process(run, user_repo):
     assert (user_repo / "models" / "colour_net" / "1" / "model.onnx").is_file()
 
 
+def test_the_region_flow_passes_in_process(run):
+    result = run("tests/test_upside_down.py", timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "1 passed" in result.stdout
+
+
 def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
     assert run("models/colour_net/export.py", timeout=180).returncode == 0  # the ONNX file it serves
-    result = run("--models cat_or_not,dominant_colour")
+    result = run("--models cat_or_not,dominant_colour,upside_down")
     assert result.returncode == 0, result.stdout
     out = result.stdout
-    assert re.search(r"^Serving cat_head, cat_or_not, colour_net, dominant_colour, efficientnet_lite0_onnx from", out,
-                     re.M), out
-    cat_or_not, colours, colours_grpc = tables(out)
-    cat_details, _, _ = details(out)
+    assert re.search(r"^Serving cat_head, cat_or_not, colour_net, dominant_colour, efficientnet_lite0_onnx, "
+                     r"text_detector, text_orientation, upside_down from", out, re.M), out
+    cat_or_not, colours, colours_grpc, signs = tables(out)
+    cat_details, _, _, sign_details = details(out)
     # cat_or_not: the head's answer on efficientnet_lite0's logits, and the extra output.
     assert cat_or_not == {"chelsea.jpg": ("cat (1)", "cat_head:efficientnet_lite0_onnx"),
                           "mug.jpg": ("not a cat (0)", "cat_head:efficientnet_lite0_onnx")}
     assert cat_details == {"chelsea.jpg": ["NEEDS_REVIEW: True"], "mug.jpg": ["NEEDS_REVIEW: False"]}
     # ... and over gRPC as JSON: the flow's own outputs under "outputs".
-    (answer,) = json.loads(re.search(r"^\[\n.*?^\]$", out, re.M | re.S).group(0))
+    cat_json, sign_json = (json.loads(m.group(0)) for m in re.finditer(r"^\[\n.*?^\]$", out, re.M | re.S))
+    (answer,) = cat_json
     assert answer["labels"][0].endswith(":1:cat") and answer["outputs"] == {"NEEDS_REVIEW": True}
     # dominant_colour: the ONNX child on every sample, in BGR as it reads them: the sky is blue.
     assert set(colours) == {p.name for p in (repo_root / "samples").iterdir() if p.suffix in (".jpg", ".png")}
@@ -132,4 +142,17 @@ def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
     assert colours["rocket.jpg"] == ("blue (0)", "colour_net:colour")
     assert colours["coffee.jpg"] == ("red (2)", "colour_net:colour")
     assert colours_grpc == {"rocket.jpg": colours["rocket.jpg"]}
+    # upside_down: each sign's lines under it, the one upside-down label among them.
+    assert signs == {"sign.png": ("(no label)", "text_orientation:upright"), "blank.png": ("(no label)", "text_detector:no_text")}
+    assert sign_details["blank.png"] == ["FLIPPED_LINES: 0"]
+    first, *lines = sign_details["sign.png"]
+    assert first == "FLIPPED_LINES: 1" and len(lines) == 3
+    assert [re.search(r"\]\s+(\S+) \(", line).group(1) for line in lines] == ["0", "0", "180"]
+    # ... over gRPC: the same regions, with their boxes; and as KServe v2 JSON from curl.
+    (sign,) = sign_json
+    assert sign["outputs"] == {"FLIPPED_LINES": 1} and [r["labels"][0].split(":")[2] for r in sign["regions"]] == ["0", "0", "180"]
+    kserve = json.loads(re.search(r'^\{"model_name":"upside_down".*$', out, re.M).group(0))
+    tensors = {t["name"]: t for t in kserve["outputs"]}
+    assert tensors["REGION_COUNT"]["data"] == [3] and tensors["REGION_BOXES"]["shape"] == [1, 3, 4]
+    assert tensors["REGION_BOXES"]["data"] == pytest.approx([v for r in sign["regions"] for v in r["box"]], abs=1e-3)
     assert "successfully unloaded 'cat_or_not'" in out and "successfully unloaded 'dominant_colour'" in out
