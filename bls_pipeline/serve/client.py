@@ -191,6 +191,18 @@ def classify_files(url: str, protocol: str, files: list[Path], topk: int | None,
             client.close()
 
 
+def _shown(value) -> str:
+    """An output value on one line of the table: a string quoted when empty or when it
+    holds line breaks (shown as \\n), a float to 3 decimals, lists item by item."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False) if not value or "\n" in value else value
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return str(value)
+
+
 def format_table(results: list[FileResult]) -> str:
     width = max([len(Path(r.path).name) for r in results] + [4])
     lines = [f"{'file':<{width}}  {'score':>6}  {'class':<28}  route"]
@@ -207,12 +219,12 @@ def format_table(results: list[FileResult]) -> str:
             score, index, label = item.split(":", 2)
             lines.append(f"{name if i == 0 else '':<{width}}  {float(score):>6.3f}  {f'{label} ({index})':<28}  {r.route if i == 0 else ''}")
         for key, value in (r.outputs or {}).items():
-            lines.append(f"{'':<{width}}  {key}: {value}")
+            lines.append(f"{'':<{width}}  {key}: {_shown(value)}")
         for j, region in enumerate(r.regions or []):
             box = ",".join(f"{v:.0f}" for v in region.box)
             top = region.labels[0].split(":", 2) if region.labels else None
             label = f"{top[2]} ({float(top[0]):.2f})" if top else "(no label)"
-            extra = "  ".join(f"{k}: {v}" for k, v in region.outputs.items())
+            extra = "  ".join(f"{k}: {_shown(v)}" for k, v in region.outputs.items())
             lines.append(f"{'':<{width}}  region {j} [{box}]  {label}  {region.route}  {extra}".rstrip())
     return "\n".join(lines)
 

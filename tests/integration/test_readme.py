@@ -43,9 +43,10 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for protocol in ("HTTP", "GRPC"):
         assert f"== classify_bls over {protocol}" in proc.stdout
+        assert f"== read_text over {protocol}" in proc.stdout
     assert "== triage_bls over GRPC" in proc.stdout
     for sample in sorted(Path(repo_root / "samples").glob("*.*g")):
-        assert proc.stdout.count(sample.name) == 3  # classify_bls once per protocol, triage_bls once
+        assert proc.stdout.count(sample.name) == 5  # classify_bls and read_text once per protocol, triage_bls once
     # The test repo's resnet50 has random weights: the main job must not serve it, so every
     # label comes from efficientnet_lite0's real weights.
     assert "RANDOM weights (a test export): not serving it" in proc.stdout
@@ -57,4 +58,13 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     assert re.search(r"night\.png\s+-\s+\(no label\)\s+image_quality:too_dark", triage), triage
     assert re.search(r"blank\.png\s+-\s+\(no label\)\s+image_quality:blank", triage), triage
     assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_onnx:alone", triage), triage
+    # read_text: the sign's three lines read, the upside-down one turned round first; the
+    # same over both protocols.
+    read_http, read_grpc = (proc.stdout.split(f"== read_text over {p}")[1].split("\n== ")[0].split("\n", 1)[1]
+                            for p in ("HTTP", "GRPC"))
+    assert read_http.replace("server stopped.", "").strip() == read_grpc.replace("server stopped.", "").strip()
+    assert re.search(r'sign\.png\s+-\s+\(no label\)\s+text_detector:text\n\s+TEXT: "TRITON AVE\\nBLS 2026\\nFRAGILE"\n',
+                     read_http), read_http
+    assert re.search(r"\]  180 \(1\.00\)  text_orientation:flipped  REGION_TEXT: FRAGILE ", read_http), read_http
+    assert re.search(r"blank\.png\s+-\s+\(no label\)\s+text_detector:no_text", read_http), read_http
     assert "server stopped." in proc.stdout
