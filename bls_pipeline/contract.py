@@ -50,3 +50,6 @@ CLASSIFIER_INPUT = TensorSpec("input", "FP32", (3, 224, 224))
 CLASSIFIER_OUTPUT = TensorSpec("output", "FP32", (NUM_CLASSES,))
 
 BLS_MODEL = "classify_bls"
+# An inference request parameter: {"bls_probe": true} marks a request as a health probe (the
+# watchdog's). Flow models answer it as any request and keep it out of their bls_* metrics.
+PROBE_PARAMETER = "bls_probe"

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
+from ..contract import CLASS_IDS, IMAGE, LABELS, PROBE_PARAMETER, ROUTE, SCORES, TOPK
 from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
 from ..runtime.results import ImageRequest, Prediction
@@ -50,9 +50,19 @@ def flow_model(pb_utils: Any) -> type:
             freeze_startup_objects()
 
         def execute(self, requests):
-            inputs = [_read(pb_utils, r) for r in requests]
-            results, timings = self.runtime.run(inputs, self.transport.send)
-            self.metrics.record(timings)
+            # Health probes (the watchdog's) run apart from users' requests, unmetered: the
+            # bls_* counters count users' traffic only.
+            probe = [_is_probe(r) for r in requests]
+            results = [None] * len(requests)
+            for is_probe in (False, True):
+                part = [i for i, p in enumerate(probe) if p == is_probe]
+                if not part:
+                    continue
+                answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send)
+                if not is_probe:
+                    self.metrics.record(timings)
+                for i, answer in zip(part, answers):
+                    results[i] = answer
             responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
             assert len(responses) == len(requests), "one response per request"
             return responses
@@ -63,6 +73,14 @@ def flow_model(pb_utils: Any) -> type:
             self.transport.close()
 
     return TritonPythonModel
+
+
+def _is_probe(request) -> bool:
+    """Whether the request carries {PROBE_PARAMETER: true} among its parameters."""
+    try:
+        return json.loads(request.parameters() or "{}").get(PROBE_PARAMETER) is True
+    except (ValueError, AttributeError):
+        return False
 
 
 def _declared_outputs(args: dict) -> list[TensorInfo]:

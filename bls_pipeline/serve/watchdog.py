@@ -10,7 +10,9 @@ whose only stub died (models are probed in the order given: called models first)
 way it reloads that model (the server's `reload_model`: a fresh copy loaded while the old
 one serves), logging loudly. Probe timeouts (a busy server) never trigger a reload. (One
 probe alone would reach the dead instance of a model with several only when Triton
-happened to schedule it there.)
+happened to schedule it there.) Probes carry the request parameter `bls_probe: true`: flow
+models answer them apart from users' requests and leave them out of their bls_* metrics
+(Triton's own nv_inference_* counters still count them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from ..contract import PROBE_PARAMETER
 from .processes import stub_instances
 
 __all__ = ["Recovery", "Watchdog", "dead_stub_model"]
@@ -123,7 +126,7 @@ class Watchdog(threading.Thread):
 
     def _probe(self, model: str, inputs: list) -> str | None:
         try:
-            self._client.infer(model, inputs)
+            self._client.infer(model, inputs, parameters={PROBE_PARAMETER: True})  # kept out of bls_* metrics
         except Exception as exc:  # noqa: BLE001 - only the dead-stub message matters
             dead = dead_stub_model(str(exc))
             if dead in self._probes:

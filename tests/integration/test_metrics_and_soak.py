@@ -179,3 +179,32 @@ def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):
         grown = end[name]["RssAnon"] - start[name]["RssAnon"]
         assert climb <= 0.05 * start[name]["RssAnon"] + 1024, f"{name}: private memory climbed by {climb} KiB: {series[name]}"
         assert grown <= 0.25 * start[name]["RssAnon"] + 8192, f"{name}: private memory grew by {grown} KiB: {series[name]}"
+
+
+def _triton_count(server, metric: str, model: str) -> float:
+    """One of Triton's own per-model counters (labels model and version)."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf'^{metric}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M))
+
+
+def test_watchdog_probes_are_not_counted_as_users_traffic(model_repo, server_factory, tmp_path, repo_root):
+    """An idle triage_bls probed every 0.5 s: Triton counts the probes, the flow's bls_*
+    counters stay at zero; then two user requests count exactly two images."""
+    server = server_factory(model_repo, tmp_path, models=("triage_bls",), watchdog_interval_s=0.5)
+    try:
+        deadline = time.monotonic() + 60
+        while _triton_count(server, "nv_inference_request_success", "triage_bls") < 6:  # six probes answered
+            assert time.monotonic() < deadline, "the watchdog sent no probes"
+            time.sleep(0.5)
+        client = ClassifyClient(server.http_url, "http", model="triage_bls")
+        blank = (repo_root / "samples" / "blank.png").read_bytes()
+        for _ in range(2):
+            time.sleep(0.6)  # each execute() flushes the counts gathered since the last one
+            assert client.classify([blank])["ROUTE"][0, 0] == b"image_quality:blank"
+        client.close()
+        time.sleep(0.6)
+        assert scrape(server, "bls_images_total", "triage_bls") == {"route=image_quality:blank": 2.0}
+        assert scrape(server, "bls_executions_total", "triage_bls") == {"": 2.0}
+        assert _triton_count(server, "nv_inference_request_success", "triage_bls") >= 8
+    finally:
+        server.stop()
