@@ -169,3 +169,39 @@ print("torch" in sys.modules)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_a_column_goes_to_the_next_child_as_the_device_tensor_it_came_as(tmp_path):
+    """outputs.tensor(name) on a torch flow instance: the child's output tensor (DLPack from
+    the stub, here a torch tensor as the transport hands it over) is the next child's input
+    as it is, never copied to the host."""
+    from test_regions import CHILDREN, FLOW, make_repo, picture  # the regions tests' repository
+
+    repo = make_repo(tmp_path)
+    text = FLOW.replace('''    head = regions.infer(settings.head, rows=colours.covered, inputs={"features": colours.probs})''', '''    raw = regions.infer(settings.colour)
+    head = regions.infer(settings.head, inputs={"features": raw.tensor("probs")})''')
+    (repo / "regions_flow" / "1" / "flow.py").write_text(text)
+    local = LocalFlow(repo / "regions_flow", CHILDREN)
+    on_torch = FlowRuntime.load(repo / "regions_flow", string_parameters(parse_config(repo / "regions_flow")),
+                                local.is_ready, device="cpu")
+    handed_over, fed = {}, {}
+
+    def send(requests):
+        answers = _host_send(local)(requests)
+        out = []
+        for request, answer in zip(requests, answers):
+            if request.model == "head":
+                fed["features"] = request.inputs["features"]
+            as_device = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) and v.dtype != object
+                         else v for k, v in answer.items()}
+            if request.model == "colour":
+                handed_over.setdefault("probs", []).append(as_device["probs"])
+            out.append(as_device)
+        return out
+
+    (result,), _ = on_torch.run([ImageRequest([picture([("blue", (30, 10, 60, 40)), ("red", (2, 2, 12, 12))])])], send)
+    assert not isinstance(result, RequestError), result
+    assert isinstance(fed["features"], torch.Tensor)
+    assert fed["features"].data_ptr() == handed_over["probs"][-1].data_ptr()  # the same memory: no copy
+    local.close()
+    on_torch.close()

@@ -149,8 +149,8 @@ def _write(path: Path, text: str) -> None:
     path.write_text(textwrap.dedent(text).lstrip())
 
 
-@pytest.fixture
-def repo(tmp_path) -> Path:
+def make_repo(tmp_path: Path) -> Path:
+    """The three children and the regions flow, in a model repository at tmp_path."""
     _write(tmp_path / "det" / "config.pbtxt", DET)
     _write(tmp_path / "colour" / "config.pbtxt", COLOUR)
     _write(tmp_path / "colour" / "labels.txt", "red\ngreen\nblue\n")
@@ -158,6 +158,11 @@ def repo(tmp_path) -> Path:
     _write(tmp_path / "regions_flow" / "config.pbtxt", FLOW_CONFIG)
     _write(tmp_path / "regions_flow" / "1" / "flow.py", FLOW)
     return tmp_path
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    return make_repo(tmp_path)
 
 
 CHILDREN = {"det": find_rectangles, "colour": name_colour, "head": head_score}
