@@ -46,6 +46,9 @@ def flow_model(pb_utils: Any) -> type:
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
                                             outputs=_declared_outputs(args))
             self.transport = TritonTransport(pb_utils)
+            if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
+                self.mirror_transport = TritonTransport(pb_utils)
+                self.runtime.mirror_send = self.mirror_transport.send
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             freeze_startup_objects()
 
@@ -71,6 +74,8 @@ def flow_model(pb_utils: Any) -> type:
             self.metrics.flush()
             self.runtime.close()
             self.transport.close()
+            if self.runtime.shadow is not None:
+                self.mirror_transport.close()
 
     return TritonPythonModel
 

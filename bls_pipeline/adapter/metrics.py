@@ -7,6 +7,15 @@
     bls_child_calls_total{child}         child requests sent, by child model
     bls_child_images_total{child}        images in them
     bls_child_seconds_total{child}       seconds waiting for them (concurrent calls overlap)
+    bls_shadow_calls_total{stable,candidate,outcome}   mirrored calls: compared, failed, skipped
+    bls_shadow_rows_total{stable,candidate}            rows compared
+    bls_shadow_top1_agree_total{stable,candidate}      rows whose top-1 agree (/ rows: agreement)
+    bls_shadow_top5_overlap_total{stable,candidate}    top-5 overlap summed over rows (/ rows: mean)
+    bls_shadow_score_diff_total{stable,candidate,le}   rows whose stable top-1 probability moved
+                                                       by at most le (cumulative, as a histogram)
+    bls_shadow_seconds_total{stable,candidate,side}    seconds of the compared calls, each side
+
+Only users' requests are counted: the adapter leaves the watchdog's probes out.
 
 Every series also carries model and instance labels (one series per model instance).
 Each Metric.increment is a round trip to the Triton process, so counts accumulate here
@@ -19,6 +28,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..runtime.trials import SCORE_DIFF_BOUNDS
+
 __all__ = ["FlowMetrics"]
 
 _FAMILIES = {
@@ -29,6 +40,12 @@ _FAMILIES = {
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
     "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
     "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
+    "shadow_calls": ("bls_shadow_calls_total", "Shadow: mirrored calls, by outcome"),
+    "shadow_rows": ("bls_shadow_rows_total", "Shadow: rows compared"),
+    "shadow_agree": ("bls_shadow_top1_agree_total", "Shadow: rows whose top-1 agree"),
+    "shadow_overlap": ("bls_shadow_top5_overlap_total", "Shadow: top-5 overlap summed over rows"),
+    "shadow_diff": ("bls_shadow_score_diff_total", "Shadow: rows whose stable top-1 probability moved by at most le"),
+    "shadow_seconds": ("bls_shadow_seconds_total", "Shadow: seconds of the compared calls, by side"),
 }
 
 
@@ -58,6 +75,17 @@ class FlowMetrics:
             self._add("child_calls", stats.calls, child=child)
             self._add("child_images", stats.images, child=child)
             self._add("child_seconds", stats.seconds, child=child)
+        for (stable, candidate), st in getattr(timings, "trials", {}).items():
+            pair = {"stable": stable, "candidate": candidate}
+            for outcome in ("compared", "failed", "skipped"):
+                self._add("shadow_calls", getattr(st, outcome), outcome=outcome, **pair)
+            self._add("shadow_rows", st.rows, **pair)
+            self._add("shadow_agree", st.top1_agree, **pair)
+            self._add("shadow_overlap", st.top5_overlap, **pair)
+            for bound, n in zip(SCORE_DIFF_BOUNDS, st.score_diff):
+                self._add("shadow_diff", n, le="+Inf" if bound == float("inf") else f"{bound:g}", **pair)
+            self._add("shadow_seconds", st.stable_seconds, side="stable", **pair)
+            self._add("shadow_seconds", st.candidate_seconds, side="candidate", **pair)
         if time.monotonic() - self._flushed_at >= self._flush_s:
             self.flush()
 

@@ -20,8 +20,9 @@ way, the runtime cutting each region from the image decoded once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence, Union
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -219,6 +220,8 @@ class _Plan:
     chunks: list[ChildRequest] = field(default_factory=list)
     failure: tuple[str, ChildCallError] | None = None  # the last model that could not take the call, and why
     retry_until: float | None = None  # retrying: give up at this time (the runtime's clock)
+    canary_of: str | None = None  # sent to a canary instead of this (stable) model
+    no_canary: bool = False  # its canary failed: the stable model answers
 
     @property
     def kind(self) -> str:
@@ -249,6 +252,9 @@ class RunContext(Protocol):
     def images(self) -> tuple[Sequence, np.ndarray]: ...
     def crops(self, spec, images: np.ndarray, boxes: np.ndarray): ...
     def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None: ...
+    def canary_for(self, model: str) -> Any: ...
+    def shadow_for(self, model: str) -> Any: ...
+    def mirror(self, shadow: Any, chunks: list[ChildRequest], to_probs: Callable[[Any], np.ndarray]) -> Any: ...
 
 
 class Batch:
@@ -341,18 +347,36 @@ class Batch:
                 plan.model = self._run.choose(plan.candidates, plan.tried, plan.kind)
                 if plan.model is not None:
                     plan.version = self._run.version(plan.model)
+                    canary = None if plan.no_canary else self._run.canary_for(plan.model)
+                    plan.canary_of = None
+                    if canary is not None:  # this call answered by the candidate instead
+                        plan.canary_of, plan.model, plan.version = plan.model, canary.model, canary.version
                     plan.chunks = self._chunks(plan)
                     sending.append(plan)
                 elif self._keeps_waiting(plan):
                     waiting.append(plan)
+            mirrored = {plan.index: self._mirror(plan) for plan in sending}
+            t0 = time.perf_counter()
             replies = iter(self._run.send([chunk for plan in sending for chunk in plan.chunks]))
+            seconds = time.perf_counter() - t0
             todo = []
             for plan in sending:
                 parts = [next(replies) for _ in plan.chunks]
                 failed = next((p for p in parts if isinstance(p, Exception)), None)
+                shadow = mirrored[plan.index]
                 if failed is None:
                     self._run.answered(plan.model)
                     results[plan.index] = self._result(plan, parts)
+                    if shadow is not None:
+                        shadow.stable(self._run.device.to_host(results[plan.index]._probs), seconds)
+                    continue
+                if shadow is not None:
+                    shadow.stable(None, seconds)
+                if plan.canary_of is not None:
+                    # A failed canary is not the stable model's failure: the call goes to it.
+                    log.warning("canary %s failed (%s); the call goes to %s", plan.model, failed, plan.canary_of)
+                    plan.no_canary, plan.model = True, None
+                    todo.append(plan)
                 elif getattr(failed, "unavailable", False):
                     # The model could not take the call (Triton 2.51 still calls a model READY
                     # whose stub died): try the next READY candidate, or this one again once it
@@ -375,6 +399,23 @@ class Batch:
                 self._run.pause()  # nothing READY for these yet: look again in a moment
                 todo += waiting
         return results
+
+    def _mirror(self, plan: _Plan):
+        """Start the shadow's mirrored call of a classify() call to its stable model (same rows,
+        same inputs), or None; the handle takes the stable answer when it is back."""
+        if not isinstance(plan.call, Classify) or plan.canary_of is not None:
+            return None
+        shadow = self._run.shadow_for(plan.model)
+        if shadow is None:
+            return None
+        trial = shadow.trial
+        mirror = replace(plan, model=trial.model, version=trial.version, chunks=[])
+        try:
+            mirror.chunks = self._chunks(mirror)
+        except FlowError as exc:  # e.g. the candidate's inputs differ: counted as a failed mirror
+            return shadow.mirror(lambda: exc, lambda parts: None, background=False)
+        device = self._run.device
+        return self._run.mirror(shadow, mirror.chunks, lambda parts: device.to_host(self._result(mirror, parts)._probs))
 
     def _keeps_waiting(self, plan: _Plan) -> bool:
         """No candidate left for this call: wait for one (True), give up as "none READY" (False),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +35,7 @@ from .modelconfig import data_type, parse_config
 from .routing import CandidateChooser
 from .results import ChildStats, ImageRequest, Prediction, RequestError, Timings
 from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
+from .trials import Shadow, Trial
 
 __all__ = ["FlowRuntime"]
 
@@ -60,6 +62,16 @@ class FlowRuntime:
         # newest READY version (is_ready(model, version)), so a ROUTE can say which answered;
         # None: is_ready(model) and the version Triton picks.
         self._versions_of = versions_of
+        # Shadow and canary (trials.py). A version on trial is never called as the stable one.
+        trials = [t for t in (runtime.shadow, runtime.canary) if t is not None]
+        self._on_trial = {(t.model, t.version) for t in trials if t.version}
+        self.shadow = Shadow(runtime.shadow, runtime.shadow_max_in_flight) if runtime.shadow else None
+        self.canary = runtime.canary if runtime.canary and runtime.canary.share > 0 else None
+        self.rng = random.Random()
+        # Where mirrored calls go: None sends them through the run's own transport, when the
+        # stable answer is back (LocalFlow); the adapter gives them one of their own, used
+        # on the shadow's thread while the real call is in flight.
+        self.mirror_send: Send | None = None
         self._serving: dict[str, str] = {}  # model -> the version its last READY check found
         self._lost: dict[str, float] = {}  # model -> when a call found it unable to take it
         self.clock, self.sleep = clock, sleep
@@ -100,6 +112,7 @@ class FlowRuntime:
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m, Path(model_dir)) for m in settings.models()}
+        children.update(_trial_children(runtime, children, Path(model_dir), name))
         if outputs is None:
             outputs = [TensorInfo(t.name, data_type(t), tuple(t.dims)) for t in parse_config(Path(model_dir)).output]
         uses_regions = False
@@ -113,6 +126,8 @@ class FlowRuntime:
                    keep_images=uses_regions)
 
     def close(self) -> None:
+        if self.shadow is not None:
+            self.shadow.close()
         self.device.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
@@ -124,6 +139,8 @@ class FlowRuntime:
         run = _Run(self, requests, results, send, timings)
         if run.rows:
             self._answer(run, requests, results, timings)
+        if self.shadow is not None:
+            timings.trials = self.shadow.drain()
         return results, timings  # type: ignore[return-value]
 
     def _answer(self, run: "_Run", requests, results, timings: Timings) -> None:
@@ -275,12 +292,18 @@ class FlowRuntime:
             versions = self._versions_of(model) if self._versions_of is not None else ()
             if not versions:  # not pinned, or its folder is not beside this one (S3)
                 return bool(self._is_ready(model))
-            version = next((v for v in versions if self._is_ready(model, v)), None)
+            version = next((v for v in versions if (model, v) not in self._on_trial and self._is_ready(model, v)), None)
             if version is not None:
                 self._serving[model] = version
             return version is not None
         except Exception as exc:  # noqa: BLE001 - e.g. pb_utils.TritonModelException while the server stops
             log.warning("could not ask whether %s is READY (%s): taking it as not", model, exc)
+            return False
+
+    def trial_ready(self, trial: Trial) -> bool:
+        try:
+            return bool(self._is_ready(trial.model, trial.version) if trial.version else self._is_ready(trial.model))
+        except Exception:  # noqa: BLE001 - as _ready: a failed readiness check is "not READY"
             return False
 
     def serving_version(self, model: str) -> str:
@@ -399,6 +422,32 @@ class _Run:
     def version(self, model: str) -> str:
         return self._runtime.serving_version(model)
 
+    def canary_for(self, model: str) -> Trial | None:
+        """The canary to send this call to instead of `model`: drawn at canary_share, READY."""
+        canary = self._runtime.canary
+        if canary is None or canary.stable != model or self._runtime.rng.random() >= canary.share:
+            return None
+        return canary if self._runtime.trial_ready(canary) else None
+
+    def shadow_for(self, model: str) -> Shadow | None:
+        """The shadow to mirror this call of `model` to, or None (not drawn, or no slot free)."""
+        shadow = self._runtime.shadow
+        return shadow if shadow is not None and shadow.trial.stable == model and shadow.wanted() else None
+
+    def mirror(self, shadow: Shadow, chunks: list[ChildRequest], to_probs):
+        """Send `chunks` as a mirrored call: on the shadow's thread now, or, with no transport
+        of its own (LocalFlow), through this run's once the stable answer is handed over."""
+        send = self._runtime.mirror_send
+
+        def run_call():
+            try:
+                parts = list((send or self._send)(chunks))
+            except Exception as exc:  # noqa: BLE001 - the shadow's failure is only counted
+                return exc
+            return next((p for p in parts if isinstance(p, Exception)), parts)
+
+        return shadow.mirror(run_call, to_probs, background=send is not None)
+
     def lost(self, model: str) -> None:
         self._runtime.lost(model)
 
@@ -508,3 +557,31 @@ class _Run:
             stats.seconds += elapsed
         return replies
 
+
+def _trial_children(runtime: RuntimeSettings, children: dict[str, ChildModel], model_dir: Path,
+                    name: str) -> dict[str, ChildModel]:
+    """The shadow's and canary's candidate models, checked: the stable one is a model the
+    flow calls, the candidate is in the repository and answers like it (same labels)."""
+    found = {}
+    for key, trial in (("shadow", runtime.shadow), ("canary", runtime.canary)):
+        if trial is None:
+            continue
+        stable = children.get(trial.stable)
+        if stable is None:
+            raise ConfigError(f"model {name}: parameter {key}: the flow calls no model {trial.stable!r} (it calls "
+                              f"{', '.join(children) or 'none'})")
+        if trial.model in children or trial.model in found:
+            candidate = children.get(trial.model) or found[trial.model]
+        else:
+            try:
+                candidate = load_child(model_dir.parent, trial.model, model_dir)
+            except (ConfigError, FileNotFoundError, OSError) as exc:
+                raise ConfigError(f"model {name}: parameter {key}: candidate {trial.model!r} cannot be used: {exc}") from None
+            found[trial.model] = candidate
+        if key == "shadow" and not stable.is_classifier:
+            raise ConfigError(f"model {name}: parameter shadow: {trial.stable} is not a classifier; the shadow compares "
+                              "classifiers' answers")
+        if stable.labels != candidate.labels:
+            raise ConfigError(f"model {name}: parameter {key}: {trial.candidate} does not answer with "
+                              f"{trial.stable}'s labels ({len(candidate.labels or ())} against {len(stable.labels or ())})")
+    return found

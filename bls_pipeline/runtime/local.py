@@ -42,7 +42,8 @@ class RequestFailed(RuntimeError):
 class LocalFlow:
     """The flow model in `model_dir`, run here.
 
-    models: child functions by model name (they win over an ONNX file).
+    models: child functions by model name (they win over an ONNX file); "model@version" for
+        a version a shadow or canary names.
     ready: which models are READY, a set or a function of the name (it may change between
         calls, to test rerouting); default: those with a function or an ONNX file.
     parameters: config.pbtxt parameters to set or override, as strings.
@@ -69,10 +70,14 @@ class LocalFlow:
     def close(self) -> None:
         self.runtime.close()
 
-    def is_ready(self, model: str) -> bool:
+    def is_ready(self, model: str, version: str = "") -> bool:
+        """Whether `model` is READY here; with a version (a shadow's or canary's candidate),
+        whether "model@version" is."""
+        if version:
+            model = f"{model}@{version}"
         if self._ready is not None:
             return self._ready(model) if callable(self._ready) else model in self._ready
-        return model in self._functions or self._runner(model) is not None
+        return model in self._functions or (not version and self._runner(model) is not None)
 
     def run(self, requests: Sequence[ImageRequest]) -> tuple[list[Prediction | RequestError], Timings]:
         """Every request through the flow at once, as one execute() would."""
@@ -100,11 +105,14 @@ class LocalFlow:
 
     def _run_child(self, req: ChildRequest) -> Mapping[str, np.ndarray] | ChildCallError:
         data = next(iter(req.inputs.values()))
-        self.calls.append((req.model, len(data)))
+        name = f"{req.model}@{req.version}" if req.version else req.model  # a version only a trial names
+        self.calls.append((name, len(data)))
         try:
-            if req.model in self._functions:
-                out = self._functions[req.model](data if len(req.inputs) == 1 else dict(req.inputs))
+            if name in self._functions:
+                out = self._functions[name](data if len(req.inputs) == 1 else dict(req.inputs))
                 return out if isinstance(out, Mapping) else {req.outputs[0]: np.asarray(out)}
+            if req.version:
+                raise ChildCallError(f"no function for {name} here: give LocalFlow models={{{name!r}: ...}}")
             return self._session(req.model)(req.inputs, req.outputs)
         except Exception as exc:  # noqa: BLE001 - a failed child call, as the server would report it
             return ChildCallError(str(exc) or type(exc).__name__)  # fresh: no traceback keeping the batch alive

@@ -63,6 +63,7 @@ class Timings:
     routes: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     children: dict[str, ChildStats] = field(default_factory=dict)
+    trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
 
     def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n

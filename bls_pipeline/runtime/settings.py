@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import typing
 from dataclasses import dataclass
 from typing import Any
 
 from ..stages.decode import DEFAULT_FORMATS, DecodePolicy
+from .trials import Trial
 
 __all__ = ["Candidates", "ConfigError", "Probability", "RELOAD_KEY", "RuntimeSettings", "Settings", "parse_settings"]
 
@@ -46,6 +48,11 @@ class RuntimeSettings:
     # Regions one image may have (batch.regions); an image with more fails its own request,
     # so a detector gone wild cannot grow a request's memory without bound.
     max_regions_per_image: int = 256
+    # A candidate tried beside a stable child (trials.py): "stable=candidate" with its share,
+    # the parameters shadow + shadow_share (default 1) and canary + canary_share (default 0).
+    shadow: Trial | None = None
+    canary: Trial | None = None
+    shadow_max_in_flight: int = 2  # mirrored calls in flight per instance; past it, not mirrored
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -54,7 +61,9 @@ class RuntimeSettings:
 RELOAD_KEY = "reload_generation"
 
 _DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_side")
-RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"] + list(_DECODE_KEYS)))
+_SHARE_KEYS = ("shadow_share", "canary_share")
+RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"]
+                            + list(_DECODE_KEYS) + list(_SHARE_KEYS)))
 # Parameters Triton's python backend reads itself (the model's execution environment:
 # bls-pack-env writes it): neither the runtime's nor a flow's, so no setting of theirs.
 BACKEND_KEYS = ("EXECUTION_ENV_PATH",)
@@ -100,6 +109,12 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
     def get(key: str, parse, default):
         return parse(key, params[key]) if key in params else default
 
+    def trial(key: str, default_share: float) -> Trial | None:
+        share = get(f"{key}_share", lambda k, v: _as_float(k, v, 0.0, 1.0), default_share)
+        if f"{key}_share" in params and not params.get(key, "").strip():
+            raise ConfigError(f"parameter {key}_share is set but {key} is not: write {key}: \"stable=candidate\"")
+        return parse_trial(key, params.get(key, ""), share)
+
     return RuntimeSettings(
         default_topk=get("default_topk", lambda k, v: _as_int(k, v, 1), d.default_topk),
         route_recheck_s=get("route_recheck_s", lambda k, v: _as_float(k, v, 0.0, 3600.0), d.route_recheck_s),
@@ -107,6 +122,9 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         decode_threads=get("decode_threads", lambda k, v: _as_int(k, v, 0), d.decode_threads),
         max_request_bytes=get("max_request_bytes", lambda k, v: _as_int(k, v, 1), d.max_request_bytes),
         max_regions_per_image=get("max_regions_per_image", lambda k, v: _as_int(k, v, 1), d.max_regions_per_image),
+        shadow=trial("shadow", 1.0),
+        canary=trial("canary", 0.0),
+        shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),
@@ -114,6 +132,24 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
             draft_min_side=get("draft_min_side", lambda k, v: _as_int(k, v, 0), d.decode.draft_min_side),
         ),
     )
+
+
+_PAIR = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*=\s*([A-Za-z0-9_.-]+)(?:@(\d+))?\s*$")
+
+
+def parse_trial(key: str, raw: str, share: float) -> Trial | None:
+    """`stable=candidate` (candidate: model or model@version) from a parameter; "" or "none": off."""
+    if raw.strip().lower() in ("", "none"):
+        return None
+    match = _PAIR.match(raw)
+    if not match:
+        raise ConfigError(f"parameter {key}={raw!r}: write stable=candidate, e.g. {key}: "
+                          "\"resnet50_onnx=resnet50_onnx@2\" (a candidate is a model, or model@version)")
+    stable, model, version = match.group(1), match.group(2), match.group(3) or ""
+    if model == stable and not version:
+        raise ConfigError(f"parameter {key}={raw!r}: the candidate is the stable model itself; name its version "
+                          f"(e.g. {stable}={stable}@2) or another model")
+    return Trial(stable, model, version, share)
 
 
 # ---- the flow's keys -----------------------------------------------------------------------
