@@ -53,15 +53,16 @@ def flow_model(pb_utils: Any) -> type:
             freeze_startup_objects()
 
         def execute(self, requests):
-            # Health probes (the watchdog's) run apart from users' requests, unmetered: the
-            # bls_* counters count users' traffic only.
+            # Health probes (the watchdog's) run apart from users' requests, unmetered (the
+            # bls_* counters count users' traffic only) and on the stable models alone.
             probe = [_is_probe(r) for r in requests]
             results = [None] * len(requests)
             for is_probe in (False, True):
                 part = [i for i, p in enumerate(probe) if p == is_probe]
                 if not part:
                     continue
-                answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send)
+                answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send,
+                                                    probe=is_probe)
                 if not is_probe:
                     self.metrics.record(timings)
                 for i, answer in zip(part, answers):

@@ -7,7 +7,8 @@
     bls_child_calls_total{child}         child requests sent, by child model
     bls_child_images_total{child}        images in them
     bls_child_seconds_total{child}       seconds waiting for them (concurrent calls overlap)
-    bls_shadow_calls_total{stable,candidate,outcome}   mirrored calls: compared, failed, skipped
+    bls_shadow_calls_total{stable,candidate,outcome}   calls drawn: compared, failed, skipped
+                                                       (no slot free), unready (candidate not READY)
     bls_shadow_rows_total{stable,candidate}            rows compared
     bls_shadow_top1_agree_total{stable,candidate}      rows whose top-1 agree (/ rows: agreement)
     bls_shadow_top5_overlap_total{stable,candidate}    top-5 overlap summed over rows (/ rows: mean)
@@ -77,7 +78,7 @@ class FlowMetrics:
             self._add("child_seconds", stats.seconds, child=child)
         for (stable, candidate), st in getattr(timings, "trials", {}).items():
             pair = {"stable": stable, "candidate": candidate}
-            for outcome in ("compared", "failed", "skipped"):
+            for outcome in ("compared", "failed", "skipped", "unready"):
                 self._add("shadow_calls", getattr(st, outcome), outcome=outcome, **pair)
             self._add("shadow_rows", st.rows, **pair)
             self._add("shadow_agree", st.top1_agree, **pair)

@@ -62,7 +62,8 @@ class FlowRuntime:
         # newest READY version (is_ready(model, version)), so a ROUTE can say which answered;
         # None: is_ready(model) and the version Triton picks.
         self._versions_of = versions_of
-        # Shadow and canary (trials.py). A version on trial is never called as the stable one.
+        # Shadow and canary (trials.py). A version on trial is called as the stable one only
+        # when no other version is READY.
         trials = [t for t in (runtime.shadow, runtime.canary) if t is not None]
         self._on_trial = {(t.model, t.version) for t in trials if t.version}
         self.shadow = Shadow(runtime.shadow, runtime.shadow_max_in_flight) if runtime.shadow else None
@@ -133,10 +134,14 @@ class FlowRuntime:
             self.pool.shutdown(wait=True)
 
     # ---- one execute() ------------------------------------------------------------------
-    def run(self, requests: Sequence[ImageRequest], send: Send) -> tuple[list[Prediction | RequestError], Timings]:
+    def run(self, requests: Sequence[ImageRequest], send: Send, *, probe: bool = False
+            ) -> tuple[list[Prediction | RequestError], Timings]:
+        """One execute(). probe: health probes (the watchdog's), answered on the stable
+        models alone: no shadow mirrors them, no canary answers them."""
         timings = Timings()
         results: list[Prediction | RequestError | None] = [self._check_request(r, timings) for r in requests]
         run = _Run(self, requests, results, send, timings)
+        run.trials = not probe
         if run.rows:
             self._answer(run, requests, results, timings)
         if self.shadow is not None:
@@ -292,7 +297,9 @@ class FlowRuntime:
             versions = self._versions_of(model) if self._versions_of is not None else ()
             if not versions:  # not pinned, or its folder is not beside this one (S3)
                 return bool(self._is_ready(model))
-            version = next((v for v in versions if (model, v) not in self._on_trial and self._is_ready(model, v)), None)
+            # A version on trial answers only when no other is READY (its promotion under way).
+            ordered = [v for v in versions if (model, v) not in self._on_trial] + [v for v in versions if (model, v) in self._on_trial]
+            version = next((v for v in ordered if self._is_ready(model, v)), None)
             if version is not None:
                 self._serving[model] = version
             return version is not None
@@ -379,6 +386,7 @@ class _Run:
         self.declared = runtime.declared
         self._results = results
         self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
+        self.trials = True  # shadow and canary apply (not to probes)
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
@@ -425,14 +433,16 @@ class _Run:
     def canary_for(self, model: str) -> Trial | None:
         """The canary to send this call to instead of `model`: drawn at canary_share, READY."""
         canary = self._runtime.canary
-        if canary is None or canary.stable != model or self._runtime.rng.random() >= canary.share:
+        if canary is None or not self.trials or canary.stable != model or self._runtime.rng.random() >= canary.share:
             return None
         return canary if self._runtime.trial_ready(canary) else None
 
     def shadow_for(self, model: str) -> Shadow | None:
-        """The shadow to mirror this call of `model` to, or None (not drawn, or no slot free)."""
+        """The shadow to mirror this call of `model` to, or None (not drawn, not READY, or no slot free)."""
         shadow = self._runtime.shadow
-        return shadow if shadow is not None and shadow.trial.stable == model and shadow.wanted() else None
+        if shadow is None or not self.trials or shadow.trial.stable != model:
+            return None
+        return shadow if shadow.wanted(lambda: self._runtime.trial_ready(shadow.trial)) else None
 
     def mirror(self, shadow: Shadow, chunks: list[ChildRequest], to_probs):
         """Send `chunks` as a mirrored call: on the shadow's thread now, or, with no transport

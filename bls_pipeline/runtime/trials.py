@@ -17,12 +17,15 @@ Both are flow-model parameters naming a pair `stable=candidate` (a candidate is 
         candidate (`resnet50_onnx@2:direct`). A canary call that fails, for any reason, is
         sent to the stable model, like any candidate.
 
-A version named as a candidate is never called as the stable one: while version 2 is on
-trial, the flow's stable calls go to the newest other READY version.
+A version named as a candidate is not called as the stable one: while version 2 is on
+trial, the flow's stable calls go to the newest other READY version, and to version 2 only
+when no other is READY (a promotion that retired version 1 before this flow copy was
+replaced), rather than failing.
 
 Per pair, the shadow counts: calls compared, failed and skipped, rows, rows whose top-1
 agree, the top-5 overlap summed over rows (|both top-5s| / 5), the rows whose stable top-1
-probability moved by at most each of SCORE_DIFF_BOUNDS, and the seconds of each side.
+probability moved by at most each of SCORE_DIFF_BOUNDS, and the seconds of each side. A
+call drawn while the candidate is not READY is not mirrored (counted as unready).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class PairStats:
     compared: int = 0  # mirrored calls compared with the stable answer
     failed: int = 0  # mirrored calls that failed (or whose stable call failed)
     skipped: int = 0  # calls not mirrored: shadow_max_in_flight reached
+    unready: int = 0  # calls not mirrored: the candidate was not READY
     rows: int = 0
     top1_agree: int = 0
     top5_overlap: float = 0.0
@@ -109,9 +113,13 @@ class Shadow:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
-    def wanted(self) -> bool:
-        """Whether this call is mirrored: drawn at shadow_share, and a slot free."""
+    def wanted(self, ready: Callable[[], bool]) -> bool:
+        """Whether this call is mirrored: drawn at shadow_share, the candidate READY, a slot free."""
         if self._rng.random() >= self.trial.share:
+            return False
+        if not ready():
+            with self._lock:
+                self._stats.unready += 1
             return False
         with self._lock:
             if self._in_flight >= self._max:

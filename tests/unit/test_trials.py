@@ -121,7 +121,7 @@ def test_a_canary_not_ready_is_not_sent_to(encode):
     assert set(answer.routes[:, 0]) == {b"resnet50_onnx:direct"}
 
 
-def test_a_version_on_trial_is_never_the_stable_one(tmp_path):
+def test_a_version_on_trial_is_the_stable_one_only_when_no_other_is_ready(tmp_path):
     repo = tmp_path / "models"
     for name in ("classify_bls", "resnet50_onnx", "efficientnet_lite0_onnx"):
         shutil.copytree(MODELS / name, repo / name, ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
@@ -131,16 +131,19 @@ def test_a_version_on_trial_is_never_the_stable_one(tmp_path):
     plain = FlowRuntime.load(repo / "classify_bls", {**params, "shadow": "none"}, lambda *_: True, check=False,
                              pin_versions=True)
     assert on_trial._ready("resnet50_onnx") and on_trial.serving_version("resnet50_onnx") == "1"
+    on_trial._is_ready = lambda model, version=None: version != "1"  # version 1 retired: the trial version answers
+    assert on_trial._ready("resnet50_onnx") and on_trial.serving_version("resnet50_onnx") == "2"
     assert plain._ready("resnet50_onnx") and plain.serving_version("resnet50_onnx") == "2"
     on_trial.close()
     plain.close()
 
 
-def test_a_full_shadow_skips_calls_past_its_bound():
+def test_a_full_or_unready_shadow_skips_the_call():
     shadow = Shadow(Trial("a", "b", "", 1.0), max_in_flight=1)
-    assert shadow.wanted() and not shadow.wanted()  # the first still in flight
+    assert shadow.wanted(lambda: True) and not shadow.wanted(lambda: True)  # the first still in flight
+    assert not shadow.wanted(lambda: False)
     (stats,) = shadow.drain().values()
-    assert stats.skipped == 1
+    assert (stats.skipped, stats.unready) == (1, 1)
 
 
 @pytest.mark.parametrize("params,message", [
