@@ -25,7 +25,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from ..serve.client import tritonclient_module
-from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, ROUTE
+from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, REGION_COUNT, ROUTE
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
 from ..runtime.loader import is_flow_model
@@ -43,6 +43,12 @@ CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
 # A classifier engine as a target: "classifier@MODEL" is MODEL fed preprocessed tensors,
 # "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8).
 ENGINE_TARGETS = ("classifier", "classify_bls")
+# Region flows: read_text, and the same work with one child request per region (the way
+# hand-written BLS examples call a second-stage model), served from bench_flows/. They read
+# TEXT_LINES-line pages rendered here, and report regions per second beside images.
+REGION_TARGETS = ("read_text", "read_text_per_region")
+PER_REGION_FLOW = Path(__file__).resolve().parent / "bench_flows" / "read_text_per_region.py"
+TEXT_LINES = (2, 3, 4, 5, 6, 8)
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Point:
     server_queue_ms: float  # per request, this model's own queue
     server_compute_ms: float  # per request, compute input + infer + output
     escalated_fraction: float | None = None  # cascade targets: share of images resnet50 decided
+    regions_per_s: float | None = None  # region flows: regions (REGION_COUNT) answered per second
 
 
 def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
@@ -73,6 +80,30 @@ def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[byt
             variant.save(buf, "JPEG", quality=quality)
             out.append(buf.getvalue())
     return out
+
+
+def text_image_set(lines: tuple[int, ...] = TEXT_LINES, size=(500, 375)) -> list[bytes]:
+    """Pages of dark words on light paper, one per entry of `lines` with that many lines, the
+    last line of every other page upside down (read_text turns it round). Deterministic PNGs."""
+    from PIL import ImageDraw, ImageFont
+
+    words = ("TRITON", "BATCHED", "REGIONS", "PIPELINE", "SERVING", "FLOW", "DETECT", "READ", "ORIENT", "CROP")
+    pages = []
+    for n, count in enumerate(lines):
+        height = size[1] // (count + 1)
+        font = ImageFont.load_default(size=max(14, min(32, int(height * 0.6))))
+        page = Image.new("RGB", size, (236, 232, 220))
+        for i in range(count):
+            text = f"{words[(n + i) % len(words)]} {100 + 7 * n + i}"
+            line = Image.new("RGB", (size[0] - 40, height - 4), (236, 232, 220))
+            ImageDraw.Draw(line).text((4, 2), text, fill=(20, 20, 30), font=font)
+            if n % 2 and i == count - 1:
+                line = line.rotate(180)
+            page.paste(line, (20, 10 + i * height))
+        buf = io.BytesIO()
+        page.save(buf, "PNG")
+        pages.append(buf.getvalue())
+    return pages
 
 
 def tensor_set(images: list[bytes]) -> list[np.ndarray]:
@@ -114,6 +145,8 @@ def build_request(tc, target: str, payload, classifier: str = CLASSIFIER) -> tup
     outputs = [tc.InferRequestedOutput(LABELS.name)]
     if target in CASCADES:
         outputs.append(tc.InferRequestedOutput(ROUTE.name))
+    if target in REGION_TARGETS:
+        outputs = [tc.InferRequestedOutput(REGION_COUNT.name)]
     return _model(target), [inp], outputs
 
 
@@ -137,6 +170,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
     escalated = [0] * concurrency
+    regions = [0] * concurrency
     start_gate = threading.Barrier(concurrency + 1)
 
     def worker(w: int) -> None:
@@ -160,6 +194,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                     latencies[w].append(time.perf_counter() - t0)
                     if len(outputs) > 1 and b":escalated" in result.as_numpy(ROUTE.name)[0, 0]:
                         escalated[w] += 1
+                    if target in REGION_TARGETS:
+                        regions[w] += int(result.as_numpy(REGION_COUNT.name).sum())
                 else:
                     errors[w] += 1
         client.close()
@@ -184,7 +220,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     pct = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
     return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
-                 sum(escalated) / len(lat) if target in CASCADES and len(lat) else None)
+                 sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
+                 sum(regions) / duration_s if target in REGION_TARGETS else None)
 
 
 # ---- in-process decode + preprocess --------------------------------------------------
@@ -230,10 +267,11 @@ def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
              f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request; "
              f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
-             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated |",
+             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated / regions |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}"
+        esc = esc or ("" if p.regions_per_s is None else f"{p.regions_per_s:.1f} regions/s")
         lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
                      f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
     ratios, per_round = meta.get("ratios", {}), meta.get("ratios_per_round", [])
@@ -281,6 +319,10 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
             out[f"{bls} / {alone} images/s at c={c8}"] = by[bls, c8].images_per_s / by[alone, c8].images_per_s
         if (alone, c8) in by and ("classifier", c8) in by:
             out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
+    batched, single = REGION_TARGETS
+    for c in conc:
+        if (batched, c) in by and (single, c) in by and by[single, c].regions_per_s:
+            out[f"{batched} / {single} regions/s at c={c}"] = by[batched, c].regions_per_s / by[single, c].regions_per_s
     for name in CASCADES:
         if (name, c8) in by and ("classify_bls", c8) in by:
             out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
@@ -341,6 +383,14 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"classifiers": engine, "cascade_classifiers": "none",
                                                                             **({} if keep_branches else {"tta_threshold": "0"})}))
+    if (src / "read_text").is_dir():  # the per-region baseline: read_text's config, its own flow
+        name = "read_text_per_region"
+        if (dst / name).exists():
+            shutil.rmtree(dst / name)
+        (dst / name / "1").mkdir(parents=True)
+        shutil.copy(PER_REGION_FLOW, dst / name / "1" / "flow.py")
+        shutil.copy(src / "read_text" / "1" / "model.py", dst / name / "1" / "model.py")
+        (dst / name / "config.pbtxt").write_text(config_variant(src / "read_text", name, {}))
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
     (dst / "classify_bls" / "config.pbtxt").write_text(
@@ -370,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows)
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS)
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
@@ -397,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = sorted(args.images.glob("*.jpg"))
         images = make_image_set(samples)
         tensors = tensor_set(images)
+        pages = text_image_set()
         big = shared_mug()
         big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
         prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
@@ -408,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         # drift on a shared machine hits every target alike.
         grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]
         for _, target, c in tqdm(grid, desc="bench", unit="point"):
-            payloads = tensors if _fed_tensors(target) else images
+            payloads = tensors if _fed_tensors(target) else pages if target in REGION_TARGETS else images
             runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
         points = [sorted(rs, key=lambda pt: pt.images_per_s)[len(rs) // 2] for rs in runs.values()]
     finally:

@@ -2,11 +2,12 @@
 copy it serves (no server starts here: what it would load is read from the copy)."""
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
-from bls_pipeline.tools.bench import CASCADES, TARGETS, Point, _model, bench_repository, ratios
+from bls_pipeline.tools.bench import CASCADES, TARGETS, TEXT_LINES, Point, _model, bench_repository, ratios, text_image_set
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -52,3 +53,31 @@ def test_the_bench_repository_serves_every_target(tmp_path):
         assert (cascade["cascade_threshold"], cascade["tta_threshold"]) == (threshold, "0")
         assert cascade["cascade_classifiers"] != "none"
     assert (dst / "resnet50_onnx" / "1" / "model.onnx").read_bytes() == b"an export"  # linked, not re-exported
+
+
+def test_region_targets_compare_regions_per_second_within_a_round():
+    runs = {}
+    for batched, single in ((120.0, 40.0), (60.0, 30.0)):  # round 2 slow for both
+        for c in (1, 8):
+            runs.setdefault(("read_text", c), []).append(replace(_point("read_text", c, batched / 4), regions_per_s=batched))
+            runs.setdefault(("read_text_per_region", c), []).append(
+                replace(_point("read_text_per_region", c, single / 4), regions_per_s=single))
+    _, per_round = ratios(runs, [])
+    assert [r["read_text / read_text_per_region regions/s at c=8"] for r in per_round] == [3.0, 2.0]
+
+
+def test_the_bench_repository_has_the_per_region_baseline_beside_read_text(tmp_path):
+    src = tmp_path / "models"
+    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "__pycache__"))
+    dst = tmp_path / "bench" / "models"
+    bench_repository(src, dst, keep_branches=False)
+    baseline = dst / "read_text_per_region"
+    assert string_parameters(parse_config(baseline)) == string_parameters(parse_config(src / "read_text"))
+    assert parse_config(baseline).name == "read_text_per_region"
+    assert "one child request per region" in (baseline / "1" / "flow.py").read_text()
+
+
+def test_the_text_pages_are_deterministic_pngs():
+    first, second = text_image_set(), text_image_set()
+    assert first == second and len(first) == len(TEXT_LINES)
+    assert all(page.startswith(b"\x89PNG") for page in first)
