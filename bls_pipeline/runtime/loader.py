@@ -73,5 +73,6 @@ def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
     (what the launcher loads with it, and unloads after it when draining)."""
     model_dir = Path(model_dir)
     flow = load_flow(model_dir / version / FLOW_FILE)
-    _, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
-    return settings.models()
+    runtime, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+    trials = tuple(t.model for t in (runtime.shadow, runtime.canary) if t is not None)  # a shadow's, a canary's
+    return tuple(dict.fromkeys(settings.models() + trials))

@@ -49,6 +49,9 @@ ENGINE_TARGETS = ("classifier", "classify_bls")
 REGION_TARGETS = ("read_text", "read_text_per_region")
 PER_REGION_FLOW = Path(__file__).resolve().parent / "bench_flows" / "read_text_per_region.py"
 TEXT_LINES = (2, 3, 4, 5, 6, 8)
+# classify_bls (as the bench serves it) with a 100% shadow of its classifier on a twin of it
+# (resnet50_onnx's files under another name): what mirroring every call costs.
+SHADOW_TARGET, SHADOW_TWIN = "classify_bls_shadow", f"{CLASSIFIER}_twin"
 
 
 @dataclass
@@ -319,6 +322,12 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
             out[f"{bls} / {alone} images/s at c={c8}"] = by[bls, c8].images_per_s / by[alone, c8].images_per_s
         if (alone, c8) in by and ("classifier", c8) in by:
             out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
+    for c in conc:
+        if (SHADOW_TARGET, c) in by and ("classify_bls", c) in by:
+            on, off = by[SHADOW_TARGET, c], by["classify_bls", c]
+            out[f"{SHADOW_TARGET} / classify_bls images/s at c={c}"] = on.images_per_s / off.images_per_s
+            out[f"{SHADOW_TARGET} - classify_bls p50 ms at c={c}"] = on.p50_ms - off.p50_ms
+            out[f"{SHADOW_TARGET} - classify_bls p99 ms at c={c}"] = on.p99_ms - off.p99_ms
     batched, single = REGION_TARGETS
     for c in conc:
         if (batched, c) in by and (single, c) in by and by[single, c].regions_per_s:
@@ -393,9 +402,18 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / name / "config.pbtxt").write_text(config_variant(src / "read_text", name, {}))
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
-    (dst / "classify_bls" / "config.pbtxt").write_text(
-        config_variant(bls, "classify_bls", {"cascade_classifiers": "none", "classifiers": CLASSIFIER,
-                                             **({} if keep_branches else {"tta_threshold": "0"})}))
+    plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER, **({} if keep_branches else {"tta_threshold": "0"})}
+    (dst / "classify_bls" / "config.pbtxt").write_text(config_variant(bls, "classify_bls", plain))
+    for name in (SHADOW_TWIN, SHADOW_TARGET):
+        if (dst / name).exists():
+            shutil.rmtree(dst / name)
+        (dst / name).mkdir()
+    (dst / SHADOW_TWIN / "1").symlink_to((dst / CLASSIFIER / "1").resolve())
+    shutil.copy(dst / CLASSIFIER / "labels.txt", dst / SHADOW_TWIN / "labels.txt")
+    (dst / SHADOW_TWIN / "config.pbtxt").write_text(config_variant(src / CLASSIFIER, SHADOW_TWIN, {}))
+    (dst / SHADOW_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
+    (dst / SHADOW_TARGET / "config.pbtxt").write_text(
+        config_variant(bls, SHADOW_TARGET, {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": "1"}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS)
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET}
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")

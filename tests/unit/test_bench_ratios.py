@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
-from bls_pipeline.tools.bench import CASCADES, TARGETS, TEXT_LINES, Point, _model, bench_repository, ratios, text_image_set
+from bls_pipeline.tools.bench import CASCADES, SHADOW_TARGET, SHADOW_TWIN, TARGETS, TEXT_LINES, Point, _model, bench_repository, ratios, text_image_set
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -41,9 +41,9 @@ def test_the_bench_repository_serves_every_target(tmp_path):
     dst = tmp_path / "bench" / "models"
     bench_repository(src, dst, keep_branches=False)
 
-    needed = tuple(sorted({_model(t) for t in TARGETS + tuple(CASCADES)}))
+    needed = tuple(sorted({_model(t) for t in TARGETS + tuple(CASCADES) + (SHADOW_TARGET,)}))
     plan = plan_loading(dst, {"python"}, only=needed)
-    assert set(needed) <= set(plan.load), plan.skipped
+    assert set(needed) | {SHADOW_TWIN} <= set(plan.load), plan.skipped  # the shadow's twin loads with it
     params = {name: string_parameters(parse_config(dst / name)) for name in needed if name.startswith("classify_bls")}
     # classify_bls does the ensemble's work (resnet50 alone, no flip pass); the cascades keep
     # efficientnet_lite0 first, at their own thresholds.
@@ -53,6 +53,9 @@ def test_the_bench_repository_serves_every_target(tmp_path):
         assert (cascade["cascade_threshold"], cascade["tta_threshold"]) == (threshold, "0")
         assert cascade["cascade_classifiers"] != "none"
     assert (dst / "resnet50_onnx" / "1" / "model.onnx").read_bytes() == b"an export"  # linked, not re-exported
+    shadow = params[SHADOW_TARGET]
+    assert (shadow["shadow"], shadow["shadow_share"]) == (f"resnet50_onnx={SHADOW_TWIN}", "1")
+    assert {k: v for k, v in shadow.items() if not k.startswith("shadow")} == params["classify_bls"]
 
 
 def test_region_targets_compare_regions_per_second_within_a_round():

@@ -7,7 +7,8 @@ import pytest
 from docblocks import DOCS, REPO, commands, unmarked_blocks
 
 # The test that runs each document's `bash run` blocks.
-RUNNERS = {"README.md": "tests/integration/test_readme_commands.py", "docs/extending.md": "tests/integration/test_extending.py"}
+RUNNERS = {"README.md": "tests/integration/test_readme_commands.py", "docs/extending.md": "tests/integration/test_extending.py",
+           "docs/reliability.md": "tests/integration/test_reliability_doc.py"}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
