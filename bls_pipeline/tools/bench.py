@@ -370,7 +370,8 @@ def _machine() -> dict:
     return {"machine": f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}", "versions": versions}
 
 
-def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[str, ...] = ()) -> None:
+def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[str, ...] = (),
+                     shadow_share: float = 1.0) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
     flip branch is off so classify_bls does the same work as the branch-less ensemble.
     Each of `engines` gets a classify_bls__ENGINE: classify_bls with that classifier alone."""
@@ -413,7 +414,7 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
     (dst / SHADOW_TWIN / "config.pbtxt").write_text(config_variant(src / CLASSIFIER, SHADOW_TWIN, {}))
     (dst / SHADOW_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
     (dst / SHADOW_TARGET / "config.pbtxt").write_text(
-        config_variant(bls, SHADOW_TARGET, {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": "1"}))
+        config_variant(bls, SHADOW_TARGET, {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": f"{shadow_share:g}"}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
     p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (default: the checkout's samples/)")
     p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
+    p.add_argument("--shadow-share", type=float, default=1.0, help=f"the {SHADOW_TARGET} target's shadow_share")
     p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results")
     args = p.parse_args(argv)
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -452,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            bench_repository(args.model_repository, repo, args.keep_branches, engines)
+            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share)
             needed = tuple(sorted({_model(t) for t in targets}))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
     meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
             "rounds": args.rounds,
-            "keep_branches": args.keep_branches, "top1_12mp_draft_vs_full": top1}
+            "keep_branches": args.keep_branches, "shadow_share": args.shadow_share, "top1_12mp_draft_vs_full": top1}
     meta["ratios"], meta["ratios_per_round"] = ratios(runs, prep)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps({"meta": meta, "points": [asdict(pt) for pt in points], "preprocess": prep}, indent=2))
