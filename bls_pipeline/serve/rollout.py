@@ -154,9 +154,12 @@ def trial(url: str, admin_key: str, model: str, version: int, *, flow: str = "cl
         if version not in serving:
             try:
                 _roll(admin, model, version, True, say)
-            except RolloutError:
-                set_trials(admin, flow, current, say)
-                raise
+            except (RolloutError, AdminError) as exc:
+                set_trials(admin, flow, current, say)  # back as it was: the flow serves as before
+                if isinstance(exc, RolloutError):
+                    raise
+                raise RolloutError(f"model {model} version {version} is not READY after its load ({exc}); check "
+                                   f"{model}/{version}/ is in the repository") from None
     except AdminError as exc:
         hint = ": check --url" if str(exc).startswith("no server at") else ""
         raise RolloutError(f"{exc}{hint}") from None

@@ -74,6 +74,12 @@ def _known_shadow(repo: Path, image: bytes):
     return stats
 
 
+def srv_config(server, key: str) -> dict:
+    from bls_pipeline.serve.admin import RepositoryAdmin
+
+    return RepositoryAdmin(server.http_url, key).config(FLOW)
+
+
 def _shadow_counts(server) -> dict[str, float]:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     out: dict[str, float] = {}
@@ -95,6 +101,10 @@ def test_shadow_then_canary_then_promotion_under_load(trial_repo, server_factory
             trial(srv.http_url, key, MAIN, 2, flow=FLOW, canary=0.1)
         with pytest.raises(RolloutError, match="flow model classify_bls is not READY"):
             trial(srv.http_url, key, MAIN, 2, shadow=1.0)
+        # A shadow of a version with no folder: its load fails, and the flow's trials go back.
+        with pytest.raises(RolloutError, match=f"model {MAIN} version 3 is not READY after its load"):
+            trial(srv.http_url, key, MAIN, 3, flow=FLOW, shadow=1.0)
+        assert not {k for k in srv_config(srv, key)["parameters"] if k.startswith(("shadow", "canary"))}
         _add_version_2(trial_repo)
         known = _known_shadow(trial_repo, mug)
         with Load(srv, mug) as load:
