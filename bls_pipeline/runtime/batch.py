@@ -356,49 +356,59 @@ class Batch:
                 elif self._keeps_waiting(plan):
                     waiting.append(plan)
             mirrored = {plan.index: self._mirror(plan) for plan in sending}
-            t0 = time.perf_counter()
-            replies = iter(self._run.send([chunk for plan in sending for chunk in plan.chunks]))
-            seconds = time.perf_counter() - t0
-            todo = []
-            for plan in sending:
-                parts = [next(replies) for _ in plan.chunks]
-                failed = next((p for p in parts if isinstance(p, Exception)), None)
-                shadow = mirrored[plan.index]
-                if failed is None:
-                    self._run.answered(plan.model)
-                    results[plan.index] = self._result(plan, parts)
-                    if shadow is not None:
-                        shadow.stable(self._run.device.to_host(results[plan.index]._probs), seconds)
-                    continue
-                if shadow is not None:
-                    shadow.stable(None, seconds)
-                if plan.canary_of is not None:
-                    # A failed canary is not the stable model's failure: the call goes to it.
-                    log.warning("canary %s failed (%s); the call goes to %s", plan.model, failed, plan.canary_of)
-                    plan.no_canary, plan.model = True, None
-                    todo.append(plan)
-                elif getattr(failed, "unavailable", False):
-                    # The model could not take the call (Triton 2.51 still calls a model READY
-                    # whose stub died): try the next READY candidate, or this one again once it
-                    # (or another version of it) is back.
-                    log.warning("%s %s could not take the call (%s); retrying", plan.kind, plan.model, failed)
-                    self._run.lost(plan.model)
-                    plan.failure = (plan.model, failed)
-                    if plan.retry_until is None:
-                        plan.retry_until = self._run.retry_until(plan.candidates, True)
-                    if self._run.still_ready(plan.candidates, plan.tried, plan.model) and self._run.version(plan.model) == plan.version:
-                        plan.tried += (plan.model,)
-                    todo.append(plan)
-                elif self._run.still_ready(plan.candidates, plan.tried, plan.model):
-                    raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}")
-                else:
-                    log.warning("%s %s failed (%s); routing to the next ready one", plan.kind, plan.model, failed)
-                    plan.tried += (plan.model,)
-                    todo.append(plan)
+            try:
+                todo = self._receive(sending, mirrored, results)
+            finally:
+                for handle in mirrored.values():  # a call that raised: its mirror has nothing to compare with
+                    if handle is not None and not handle.done:
+                        handle.stable(None, 0.0)
             if waiting:
                 self._run.pause()  # nothing READY for these yet: look again in a moment
                 todo += waiting
         return results
+
+    def _receive(self, sending: list[_Plan], mirrored: dict, results: list) -> list[_Plan]:
+        """Send the planned calls together; answer those that came back, return those to send again."""
+        t0 = time.perf_counter()
+        replies = iter(self._run.send([chunk for plan in sending for chunk in plan.chunks]))
+        seconds = time.perf_counter() - t0
+        todo = []
+        for plan in sending:
+            parts = [next(replies) for _ in plan.chunks]
+            failed = next((p for p in parts if isinstance(p, Exception)), None)
+            shadow = mirrored[plan.index]
+            if failed is None:
+                self._run.answered(plan.model)
+                results[plan.index] = self._result(plan, parts)
+                if shadow is not None:
+                    shadow.stable(self._run.device.to_host(results[plan.index]._probs), seconds)
+                continue
+            if shadow is not None:
+                shadow.stable(None, seconds)
+            if plan.canary_of is not None:
+                # A failed canary is not the stable model's failure: the call goes to it.
+                log.warning("canary %s failed (%s); the call goes to %s", plan.model, failed, plan.canary_of)
+                plan.no_canary, plan.model = True, None
+                todo.append(plan)
+            elif getattr(failed, "unavailable", False):
+                # The model could not take the call (Triton 2.51 still calls a model READY
+                # whose stub died): try the next READY candidate, or this one again once it
+                # (or another version of it) is back.
+                log.warning("%s %s could not take the call (%s); retrying", plan.kind, plan.model, failed)
+                self._run.lost(plan.model)
+                plan.failure = (plan.model, failed)
+                if plan.retry_until is None:
+                    plan.retry_until = self._run.retry_until(plan.candidates, True)
+                if self._run.still_ready(plan.candidates, plan.tried, plan.model) and self._run.version(plan.model) == plan.version:
+                    plan.tried += (plan.model,)
+                todo.append(plan)
+            elif self._run.still_ready(plan.candidates, plan.tried, plan.model):
+                raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}")
+            else:
+                log.warning("%s %s failed (%s); routing to the next ready one", plan.kind, plan.model, failed)
+                plan.tried += (plan.model,)
+                todo.append(plan)
+        return todo
 
     def _mirror(self, plan: _Plan):
         """Start the shadow's mirrored call of a classify() call to its stable model (same rows,

@@ -194,6 +194,11 @@ class Mirrored:
         self._seconds = 0.0
         self._then: Callable[[], None] | None = None
 
+    @property
+    def done(self) -> bool:
+        """Whether the stable answer (or its failure) was handed over."""
+        return self._done.is_set()
+
     def then(self, job: Callable[[], None]) -> None:
         """Run `job` in the thread that hands the stable answer over, once it has."""
         self._then = job

@@ -65,3 +65,9 @@ def test_no_import_cycles():
     for module in graph:
         visit(module, [module])
     assert cycles == []
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by basename (no packages): two of one name stop collection."""
+    names = [p.name for p in (Path(__file__).resolve().parents[1]).rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
