@@ -41,7 +41,7 @@ _FAMILIES = {
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
     "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
     "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
-    "shadow_calls": ("bls_shadow_calls_total", "Shadow: mirrored calls, by outcome"),
+    "shadow_calls": ("bls_shadow_calls_total", "Shadow: calls drawn to mirror, by outcome (compared, failed, skipped, unready)"),
     "shadow_rows": ("bls_shadow_rows_total", "Shadow: rows compared"),
     "shadow_agree": ("bls_shadow_top1_agree_total", "Shadow: rows whose top-1 agree"),
     "shadow_overlap": ("bls_shadow_top5_overlap_total", "Shadow: top-5 overlap summed over rows"),
@@ -76,7 +76,7 @@ class FlowMetrics:
             self._add("child_calls", stats.calls, child=child)
             self._add("child_images", stats.images, child=child)
             self._add("child_seconds", stats.seconds, child=child)
-        for (stable, candidate), st in getattr(timings, "trials", {}).items():
+        for (stable, candidate), st in timings.trials.items():
             pair = {"stable": stable, "candidate": candidate}
             for outcome in ("compared", "failed", "skipped", "unready"):
                 self._add("shadow_calls", getattr(st, outcome), outcome=outcome, **pair)
