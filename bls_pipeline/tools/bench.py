@@ -190,11 +190,14 @@ def _child_counts(client, models: tuple[str, ...]) -> dict[str, np.ndarray]:
 
 
 def children_per_image(before: dict[str, np.ndarray], after: dict[str, np.ndarray], images: int) -> dict[str, dict[str, float]]:
-    """Each called model's executions, rows and compute ms per image the target answered."""
+    """Each called model's executions per image the target answered, rows per execution and
+    compute ms per row. The last two are its own counters' ratios; the first compares them
+    with the target's, so requests in flight at the window's ends blur it (long windows)."""
     out = {}
     for model in before:
-        calls, rows, ns = (after[model] - before[model]) / max(images, 1)
-        out[model] = {"calls_per_image": float(calls), "rows_per_image": float(rows), "compute_ms_per_image": float(ns / 1e6)}
+        calls, rows, ns = after[model] - before[model]
+        out[model] = {"calls_per_image": float(calls / max(images, 1)), "rows_per_call": float(rows / max(calls, 1)),
+                      "compute_ms_per_row": float(ns / 1e6 / max(rows, 1))}
     return out
 
 
@@ -303,7 +306,8 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
 # ---- reporting --------------------------------------------------------------------------
 def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request; "
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375 "
+             f"({meta.get('pages', 0)} text pages for the region targets), one image per request; "
              f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
              "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated / regions |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -319,10 +323,10 @@ def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
         lines += [f"| {k} | {v:.3f} | " + " | ".join(f"{values[k]:.3f}" for values in per_round) + " |" for k, v in ratios.items()]
     called = [p for p in points if p.children]
     if called:
-        lines += ["", "| target | concurrency | model called | executions / image | rows / image | compute ms / image |",
+        lines += ["", "| target | concurrency | model called | executions / image | rows / execution | compute ms / row |",
                   "|---|---:|---|---:|---:|---:|"]
-        lines += [f"| {p.target} | {p.concurrency} | {model} | {v['calls_per_image']:.2f} | {v['rows_per_image']:.2f} | "
-                  f"{v['compute_ms_per_image']:.1f} |" for p in called for model, v in p.children.items()]
+        lines += [f"| {p.target} | {p.concurrency} | {model} | {v['calls_per_image']:.2f} | {v['rows_per_call']:.2f} | "
+                  f"{v['compute_ms_per_row']:.1f} |" for p in called for model, v in p.children.items()]
     if prep:
         lines += ["", "| decode+preprocess | draft_min_side | ms/image | ms/image, caches cold |", "|---|---:|---:|---:|"]
         lines += [f"| {r['image']} | {r['draft_min_side'] or 'off (full decode)'} | {r['ms_per_image']:.2f} | "
@@ -538,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
 
     points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
     meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
-            "rounds": args.rounds,
+            "pages": len(pages), "rounds": args.rounds,
             "keep_branches": args.keep_branches, "shadow_share": args.shadow_share, "top1_12mp_draft_vs_full": top1}
     meta["ratios"], meta["ratios_per_round"] = ratios(runs, prep)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -133,4 +133,4 @@ def test_children_are_counted_per_image_answered():
     before = {"text_recognizer": np.array([10.0, 40.0, 2e9])}
     after = {"text_recognizer": np.array([30.0, 140.0, 4e9])}
     assert children_per_image(before, after, 20) == {
-        "text_recognizer": {"calls_per_image": 1.0, "rows_per_image": 5.0, "compute_ms_per_image": 100.0}}
+        "text_recognizer": {"calls_per_image": 1.0, "rows_per_call": 5.0, "compute_ms_per_row": 20.0}}
