@@ -43,11 +43,16 @@ CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
 # A classifier engine as a target: "classifier@MODEL" is MODEL fed preprocessed tensors,
 # "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8).
 ENGINE_TARGETS = ("classifier", "classify_bls")
-# Region flows: read_text, and the same work with one child request per region (the way
-# hand-written BLS examples call a second-stage model), served from bench_flows/. They read
+# Region flows: read_text, and the same work with one child request per region, served from
+# bench_flows/: read_text_per_region, a flow that loops over the lines; read_text_handwritten,
+# a python model on pb_utils alone that loops over its requests, then their lines, the way
+# hand-written BLS examples call a second-stage model. They read samples/sign.png and
 # TEXT_LINES-line pages rendered here, and report regions per second beside images.
-REGION_TARGETS = ("read_text", "read_text_per_region")
-PER_REGION_FLOW = Path(__file__).resolve().parent / "bench_flows" / "read_text_per_region.py"
+REGION_TARGETS = ("read_text", "read_text_per_region", "read_text_handwritten")
+BENCH_FLOWS = Path(__file__).resolve().parent / "bench_flows"
+PER_REGION_FLOW = BENCH_FLOWS / "read_text_per_region.py"
+HANDWRITTEN = "read_text_handwritten"
+HANDWRITTEN_CALLS = ("text_detector", "text_orientation", "text_recognizer")  # not a flow: loaded with it by name
 TEXT_LINES = (2, 3, 4, 5, 6, 8)
 # classify_bls (as the bench serves it) with a 100% shadow of its classifier on a twin of it
 # (resnet50_onnx's files under another name): what mirroring every call costs.
@@ -68,6 +73,8 @@ class Point:
     server_compute_ms: float  # per request, compute input + infer + output
     escalated_fraction: float | None = None  # cascade targets: share of images resnet50 decided
     regions_per_s: float | None = None  # region flows: regions (REGION_COUNT) answered per second
+    # region flows: per model they call, executions, rows and compute ms per image answered
+    children: dict[str, dict[str, float]] | None = None
 
 
 def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
@@ -107,6 +114,13 @@ def text_image_set(lines: tuple[int, ...] = TEXT_LINES, size=(500, 375)) -> list
         page.save(buf, "PNG")
         pages.append(buf.getvalue())
     return pages
+
+
+def region_pages(samples: Path | None) -> list[bytes]:
+    """What the region targets read: samples/sign.png (3 lines, one upside down) when there
+    is one, then text_image_set()'s pages."""
+    sign = samples / "sign.png" if samples is not None else None
+    return ([sign.read_bytes()] if sign is not None and sign.is_file() else []) + text_image_set()
 
 
 def tensor_set(images: list[bytes]) -> list[np.ndarray]:
@@ -165,6 +179,28 @@ def _server_stats(client, model: str) -> dict[str, int]:
     return {"count": count, "queue_ns": queue, "compute_ns": compute}
 
 
+def _child_counts(client, models: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Per model: executions, inferences (rows), compute ns so far (Triton's statistics)."""
+    out = {}
+    for model in models:
+        stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]
+        compute = sum(int(stats["inference_stats"].get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+        out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute], np.float64)
+    return out
+
+
+def children_per_image(before: dict[str, np.ndarray], after: dict[str, np.ndarray], images: int) -> dict[str, dict[str, float]]:
+    """Each called model's executions per image the target answered, rows per execution and
+    compute ms per row. The last two are its own counters' ratios; the first compares them
+    with the target's, so requests in flight at the window's ends blur it (long windows)."""
+    out = {}
+    for model in before:
+        calls, rows, ns = after[model] - before[model]
+        out[model] = {"calls_per_image": float(calls / max(images, 1)), "rows_per_call": float(rows / max(calls, 1)),
+                      "compute_ms_per_row": float(ns / 1e6 / max(rows, 1))}
+    return out
+
+
 def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: list, duration_s: float,
               warmup_s: float, classifier: str = CLASSIFIER) -> Point:
     tc = tritonclient_module(protocol)
@@ -212,9 +248,10 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     now = time.perf_counter()
     record_from[0], stop_at[0] = now + warmup_s, now + warmup_s + duration_s
     time.sleep(warmup_s)
-    before = _server_stats(stats_client, model)
+    called = HANDWRITTEN_CALLS if target in REGION_TARGETS else ()
+    before, children_before = _server_stats(stats_client, model), _child_counts(stats_client, called)
     time.sleep(duration_s)
-    after = _server_stats(stats_client, model)
+    after, children_after = _server_stats(stats_client, model), _child_counts(stats_client, called)
     for t in threads:
         t.join()
     stats_client.close()
@@ -224,7 +261,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
-                 sum(regions) / duration_s if target in REGION_TARGETS else None)
+                 sum(regions) / duration_s if target in REGION_TARGETS else None,
+                 children_per_image(children_before, children_after, n) if called else None)
 
 
 # ---- in-process decode + preprocess --------------------------------------------------
@@ -268,7 +306,8 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
 # ---- reporting --------------------------------------------------------------------------
 def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375, one image per request; "
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375 "
+             f"({meta.get('pages', 0)} text pages for the region targets), one image per request; "
              f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
              "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated / regions |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -282,6 +321,12 @@ def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
         lines += ["", "| ratio (within each round) | median of rounds | " + " | ".join(f"round {r + 1}" for r in range(len(per_round))) + " |",
                   "|---|" + "---:|" * (1 + len(per_round))]
         lines += [f"| {k} | {v:.3f} | " + " | ".join(f"{values[k]:.3f}" for values in per_round) + " |" for k, v in ratios.items()]
+    called = [p for p in points if p.children]
+    if called:
+        lines += ["", "| target | concurrency | model called | executions / image | rows / execution | compute ms / row |",
+                  "|---|---:|---|---:|---:|---:|"]
+        lines += [f"| {p.target} | {p.concurrency} | {model} | {v['calls_per_image']:.2f} | {v['rows_per_call']:.2f} | "
+                  f"{v['compute_ms_per_row']:.1f} |" for p in called for model, v in p.children.items()]
     if prep:
         lines += ["", "| decode+preprocess | draft_min_side | ms/image | ms/image, caches cold |", "|---|---:|---:|---:|"]
         lines += [f"| {r['image']} | {r['draft_min_side'] or 'off (full decode)'} | {r['ms_per_image']:.2f} | "
@@ -328,10 +373,11 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
             out[f"{SHADOW_TARGET} / classify_bls images/s at c={c}"] = on.images_per_s / off.images_per_s
             out[f"{SHADOW_TARGET} - classify_bls p50 ms at c={c}"] = on.p50_ms - off.p50_ms
             out[f"{SHADOW_TARGET} - classify_bls p99 ms at c={c}"] = on.p99_ms - off.p99_ms
-    batched, single = REGION_TARGETS
-    for c in conc:
-        if (batched, c) in by and (single, c) in by and by[single, c].regions_per_s:
-            out[f"{batched} / {single} regions/s at c={c}"] = by[batched, c].regions_per_s / by[single, c].regions_per_s
+    batched, *singles = REGION_TARGETS
+    for single in singles:
+        for c in conc:
+            if (batched, c) in by and (single, c) in by and by[single, c].regions_per_s:
+                out[f"{batched} / {single} regions/s at c={c}"] = by[batched, c].regions_per_s / by[single, c].regions_per_s
     for name in CASCADES:
         if (name, c8) in by and ("classify_bls", c8) in by:
             out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
@@ -401,6 +447,12 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         shutil.copy(PER_REGION_FLOW, dst / name / "1" / "flow.py")
         shutil.copy(src / "read_text" / "1" / "model.py", dst / name / "1" / "model.py")
         (dst / name / "config.pbtxt").write_text(config_variant(src / "read_text", name, {}))
+        # the hand-written baseline: a plain python model, its own config (read_text's values)
+        if (dst / HANDWRITTEN).exists():
+            shutil.rmtree(dst / HANDWRITTEN)
+        (dst / HANDWRITTEN / "1").mkdir(parents=True)
+        shutil.copy(BENCH_FLOWS / HANDWRITTEN / "model.py", dst / HANDWRITTEN / "1" / "model.py")
+        shutil.copy(BENCH_FLOWS / HANDWRITTEN / "config.pbtxt", dst / HANDWRITTEN / "config.pbtxt")
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
     plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER, **({} if keep_branches else {"tta_threshold": "0"})}
@@ -455,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share)
-            needed = tuple(sorted({_model(t) for t in targets}))
+            needed = tuple(sorted({_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
             if missing and set(missing) & set(engines):
@@ -467,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = sorted(args.images.glob("*.jpg"))
         images = make_image_set(samples)
         tensors = tensor_set(images)
-        pages = text_image_set()
+        pages = region_pages(default_samples())
         big = shared_mug()
         big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
         prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
@@ -490,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
 
     points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
     meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
-            "rounds": args.rounds,
+            "pages": len(pages), "rounds": args.rounds,
             "keep_branches": args.keep_branches, "shadow_share": args.shadow_share, "top1_12mp_draft_vs_full": top1}
     meta["ratios"], meta["ratios_per_round"] = ratios(runs, prep)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,13 @@ from pathlib import Path
 
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
-from bls_pipeline.tools.bench import CASCADES, SHADOW_TARGET, SHADOW_TWIN, TARGETS, TEXT_LINES, Point, _model, bench_repository, ratios, text_image_set
+import numpy as np
+
+from bls_pipeline.tools.bench import (CASCADES, HANDWRITTEN, HANDWRITTEN_CALLS, SHADOW_TARGET, SHADOW_TWIN, TARGETS, TEXT_LINES, Point,
+                                    _model, bench_repository, children_per_image, ratios, region_pages, text_image_set)
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
+SAMPLES = MODELS.parent / "samples"
 
 
 def _point(target: str, c: int, images_per_s: float, p50_ms: float = 30.0) -> Point:
@@ -84,3 +88,49 @@ def test_the_text_pages_are_deterministic_pngs():
     first, second = text_image_set(), text_image_set()
     assert first == second and len(first) == len(TEXT_LINES)
     assert all(page.startswith(b"\x89PNG") for page in first)
+
+
+def test_read_text_is_compared_with_each_per_region_baseline_within_a_round():
+    runs = {}
+    for batched, flow_loop, handwritten in ((120.0, 40.0, 60.0), (60.0, 30.0, 20.0)):  # round 2 slow for all
+        for target, regions in (("read_text", batched), ("read_text_per_region", flow_loop), (HANDWRITTEN, handwritten)):
+            runs.setdefault((target, 8), []).append(replace(_point(target, 8, regions / 4), regions_per_s=regions))
+    median, per_round = ratios(runs, [])
+    assert [r[f"read_text / {HANDWRITTEN} regions/s at c=8"] for r in per_round] == [2.0, 3.0]
+    assert median[f"read_text / {HANDWRITTEN} regions/s at c=8"] == 2.5
+    assert [r["read_text / read_text_per_region regions/s at c=8"] for r in per_round] == [3.0, 2.0]
+
+
+def test_the_handwritten_baseline_is_served_with_read_texts_batching_and_thresholds(tmp_path):
+    src = tmp_path / "models"
+    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "__pycache__"))
+    for model in HANDWRITTEN_CALLS:  # what bls-serve looks for before it loads them
+        (src / model / "1" / "model.onnx").write_bytes(b"a build")
+    dst = tmp_path / "bench" / "models"
+    bench_repository(src, dst, keep_branches=False)
+    ours, theirs = parse_config(dst / HANDWRITTEN), parse_config(src / "read_text")
+    assert ours.name == HANDWRITTEN
+    assert (ours.max_batch_size, ours.dynamic_batching, list(ours.instance_group)) == (
+        theirs.max_batch_size, theirs.dynamic_batching, list(theirs.instance_group))
+    mine = string_parameters(ours)
+    assert mine == {k: v for k, v in string_parameters(theirs).items() if k in mine}
+    assert {"min_height", "min_box_score", "flip_threshold", "min_confidence", "draft_min_side"} == set(mine)
+    outputs = {o.name: o for o in theirs.output}
+    assert all(o == outputs[o.name] for o in ours.output) and [i.name for i in ours.input] == ["IMAGE"]
+    source = (dst / HANDWRITTEN / "1" / "model.py").read_text()
+    assert "pb_utils.InferenceRequest(" in source and "bls_pipeline.flow" not in source  # pb_utils alone, no flow runtime
+    plan = plan_loading(dst, {"python"}, only=(HANDWRITTEN, *HANDWRITTEN_CALLS))
+    assert {HANDWRITTEN, *HANDWRITTEN_CALLS} <= set(plan.load), plan.skipped
+
+
+def test_the_region_pages_start_with_the_sign():
+    pages = region_pages(SAMPLES)
+    assert pages[0] == (SAMPLES / "sign.png").read_bytes() and pages[1:] == text_image_set()
+    assert region_pages(None) == text_image_set()
+
+
+def test_children_are_counted_per_image_answered():
+    before = {"text_recognizer": np.array([10.0, 40.0, 2e9])}
+    after = {"text_recognizer": np.array([30.0, 140.0, 4e9])}
+    assert children_per_image(before, after, 20) == {
+        "text_recognizer": {"calls_per_image": 1.0, "rows_per_call": 5.0, "compute_ms_per_row": 20.0}}
