@@ -24,4 +24,4 @@ def test_run_blocks_have_a_test_that_runs_them(doc):
 
 
 def test_the_readme_is_for_users():
-    assert len((REPO / "README.md").read_bytes()) < 13 * 1024
+    assert len((REPO / "README.md").read_bytes()) < 12 * 1024
