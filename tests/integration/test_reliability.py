@@ -38,17 +38,23 @@ FLOW, MAIN = "classify_bls_reliable", "resnet50_onnx"
 RECHECK_S = 1.0  # the flow's route_recheck_s: it looks again for a newer version this often
 
 
-@pytest.fixture(scope="module")
-def reliable_repo(model_repo, tmp_path_factory) -> Path:
-    """resnet50_onnx (version 1 only, for now: the rollout adds 2) and a flow on it alone."""
-    repo = tmp_path_factory.mktemp("reliable") / "models"
-    shutil.copytree(model_repo / MAIN, repo / MAIN, copy_function=os.link)  # the ONNX files linked, not copied
+def flow_on_main_alone(model_repo: Path, repo: Path, copy_function=shutil.copy2) -> Path:
+    """A repository of MAIN (version 1 only, as in model_repo) and FLOW, classify_bls on MAIN
+    alone, looking again for a newer version every RECHECK_S."""
+    shutil.copytree(model_repo / MAIN, repo / MAIN, copy_function=copy_function)
     shutil.copytree(model_repo / "classify_bls", repo / FLOW)
     config = text_format.Parse(config_variant(repo / FLOW, FLOW, {
         "cascade_classifiers": "none", "classifiers": MAIN, "tta_threshold": "0", "route_recheck_s": str(RECHECK_S)}),
         ModelConfig())
     (repo / FLOW / "config.pbtxt").write_text(text_format.MessageToString(config))
     return repo
+
+
+@pytest.fixture(scope="module")
+def reliable_repo(model_repo, tmp_path_factory) -> Path:
+    """resnet50_onnx (version 1 only, for now: the rollout adds 2) and a flow on it alone."""
+    # the ONNX files linked, not copied
+    return flow_on_main_alone(model_repo, tmp_path_factory.mktemp("reliable") / "models", copy_function=os.link)
 
 
 @pytest.fixture(scope="module")

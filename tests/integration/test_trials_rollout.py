@@ -14,32 +14,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.runtime.onnx import OnnxModel
 from bls_pipeline.runtime.results import ImageRequest
 from bls_pipeline.serve.rollout import RolloutError, main as rollout_main, report, trial
-from test_reliability import Load
+from test_reliability import FLOW, MAIN, RECHECK_S, Load, flow_on_main_alone  # Load sends to FLOW
 
 pytestmark = pytest.mark.integration
-FLOW, MAIN = "classify_bls_reliable", "resnet50_onnx"  # Load sends to FLOW
-RECHECK_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def trial_repo(model_repo, tmp_path_factory) -> Path:
     """resnet50_onnx version 1 (random weights) and a flow on it alone; version 2's folder
     is added once the server runs (present at start, it alone would load)."""
-    repo = tmp_path_factory.mktemp("trials") / "models"
-    shutil.copytree(model_repo / MAIN, repo / MAIN)  # copied: onnx refuses to read hard-linked weights
-    shutil.copytree(model_repo / "classify_bls", repo / FLOW)
-    config = text_format.Parse(config_variant(repo / FLOW, FLOW, {
-        "cascade_classifiers": "none", "classifiers": MAIN, "tta_threshold": "0", "route_recheck_s": str(RECHECK_S)}),
-        ModelConfig())
-    (repo / FLOW / "config.pbtxt").write_text(text_format.MessageToString(config))
-    return repo
+    # copied, not linked: onnx refuses to read hard-linked weights (version 2 is made with onnx)
+    return flow_on_main_alone(model_repo, tmp_path_factory.mktemp("trials") / "models")
 
 
 def _add_version_2(repo: Path) -> Path:
