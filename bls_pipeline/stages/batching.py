@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -20,6 +20,7 @@ from .preprocess import PreprocessSpec, preprocess_into, preprocess_region
 __all__ = ["DecodedBatch", "crop_batch", "decode_to_batch", "preprocess_batch"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,7 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
             log.exception("decode/preprocess failed unexpectedly for one image")
             return ImageError("internal", "could not decode or preprocess this image (internal error, logged on the server)")
 
-    if pool is not None and len(jobs) > 1:
-        outcomes = list(pool.map(work, range(len(jobs))))
-    else:
-        outcomes = [work(row) for row in range(len(jobs))]
+    outcomes = _map_rows(len(jobs), work, pool)
     errors: dict[int, ImageError] = {}
     bad_index: dict[int, int] = {}
     for (r, i, _), err in zip(jobs, outcomes):
@@ -82,14 +80,7 @@ def preprocess_batch(images: Sequence[Image.Image], spec: PreprocessSpec, pool: 
     """Already decoded images -> one (rows, *spec.input_shape) batch for `spec`."""
     batch = np.empty((len(images), *spec.input_shape), dtype=spec.numpy_dtype)
 
-    def work(row: int) -> None:
-        preprocess_into(images[row], spec, batch[row])
-
-    if pool is not None and len(images) > 1:
-        list(pool.map(work, range(len(images))))
-    else:
-        for row in range(len(images)):
-            work(row)
+    _map_rows(len(images), lambda row: preprocess_into(images[row], spec, batch[row]), pool)
     return batch
 
 
@@ -100,12 +91,12 @@ def crop_batch(images: Sequence[Image.Image], image_rows: np.ndarray, boxes: np.
     from its image (preprocess.preprocess_region)."""
     batch = np.empty((len(boxes), *spec.input_shape), dtype=spec.numpy_dtype)
 
-    def work(row: int) -> None:
-        preprocess_region(images[image_rows[row]], tuple(boxes[row]), spec, batch[row])
-
-    if pool is not None and len(boxes) > 1:
-        list(pool.map(work, range(len(boxes))))
-    else:
-        for row in range(len(boxes)):
-            work(row)
+    _map_rows(len(boxes), lambda row: preprocess_region(images[image_rows[row]], tuple(boxes[row]), spec, batch[row]), pool)
     return batch
+
+
+def _map_rows(rows: int, work: Callable[[int], T], pool: Executor | None) -> list[T]:
+    """[work(row) for every row], on the pool's threads when there is more than one row."""
+    if pool is not None and rows > 1:
+        return list(pool.map(work, range(rows)))
+    return [work(row) for row in range(rows)]
