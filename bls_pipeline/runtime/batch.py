@@ -423,7 +423,8 @@ class Batch:
         try:
             mirror.chunks = self._chunks(mirror)
         except FlowError as exc:  # e.g. the candidate's inputs differ: counted as a failed mirror
-            return shadow.mirror(lambda: exc, lambda parts: None, background=False)
+            error = exc  # `exc` is unbound when the except block ends; the lambda runs later
+            return shadow.mirror(lambda: error, lambda parts: None, background=False)
         device = self._run.device
         return self._run.mirror(shadow, mirror.chunks, lambda parts: device.to_host(self._result(mirror, parts)._probs))
 

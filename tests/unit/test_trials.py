@@ -82,6 +82,26 @@ def test_a_failing_shadow_changes_nothing_and_is_counted(encode):
     assert (stats.compared, stats.failed, stats.rows) == (0, 1, 0)
 
 
+def test_a_shadow_the_call_cannot_be_mirrored_to_is_counted_with_the_reason(encode, tmp_path, caplog):
+    """The candidate takes an input the call does not give: the mirror fails before it is
+    sent, is counted failed, and the log says why."""
+    repo = tmp_path / "models"
+    for model in ("classify_bls", "resnet50_onnx"):
+        shutil.copytree(MODELS / model, repo / model, ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
+    shutil.copytree(repo / "resnet50_onnx", repo / "resnet50_twin")
+    config = (repo / "resnet50_twin" / "config.pbtxt").read_text().replace('name: "resnet50_onnx"', 'name: "resnet50_twin"')
+    config = config.replace('input [ { name: "input"', 'input [ { name: "SCALE", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "input"')
+    (repo / "resnet50_twin" / "config.pbtxt").write_text(config)
+    with caplog.at_level("INFO", logger="bls_pipeline.runtime.trials"):
+        with LocalFlow(repo / "classify_bls", {"resnet50_onnx": stable, "resnet50_twin": stable},
+                       parameters={**RESNET_ONLY, "shadow": "resnet50_onnx=resnet50_twin"}) as flow:
+            (answer,), timings = flow.run([ImageRequest(images(encode, 2))])
+    assert set(answer.routes[:, 0]) == {b"resnet50_onnx:direct"}
+    (stats,) = timings.trials.values()
+    assert (stats.compared, stats.failed) == (0, 1)
+    assert "model resnet50_twin needs input(s) SCALE" in caplog.text
+
+
 def test_a_share_mirrors_that_share_of_calls(encode):
     params = {**SHADOW, "shadow_share": "0.25"}
     with LocalFlow(MODELS / "classify_bls", {"resnet50_onnx": stable, "resnet50_onnx@2": candidate},
