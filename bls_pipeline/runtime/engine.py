@@ -25,8 +25,8 @@ import numpy as np
 from ..contract import REGION_OUTPUTS, STANDARD_OUTPUTS
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .answer import Answer, numpy_dtype
-from .batch import Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Regions, Send
+from .answer import Answer
+from .batch import Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
 from .children import ChildModel, TensorInfo, load_child, version_folders
 from .device import Device, device_for
 from .loadcheck import check_flow
@@ -250,12 +250,10 @@ class FlowRuntime:
         }
         own = {name for part, _, _ in regions for name in part.outputs}
         for name in own:
-            info = self.declared[name]
-            value_dims = tuple(max(d, 0) for d in info.dims[1:])
             sample = next(part.outputs[name] for part, _, _ in regions if name in part.outputs)
             fill = b"" if sample.dtype == object else (-1 if sample.dtype.kind in "iu" else 0)
             out[name] = np.full((n, most, *sample.shape[1:]) if sample.ndim > 1 else (n, most), fill, dtype=sample.dtype)
-            del value_dims
+        part_outputs = {id(part): part.outputs for part, _, _ in regions}  # a copy per property read: once each
         for i, items in enumerate(per_image):
             for j, (part, row, region_table, position) in enumerate(items):
                 out["REGION_BOXES"][i, j] = part.regions_of.box[row]
@@ -263,7 +261,7 @@ class FlowRuntime:
                 out["REGION_SCORES"][i, j] = region_table.scores[position]
                 out["REGION_CLASS_IDS"][i, j] = region_table.class_ids[position]
                 out["REGION_ROUTE"][i, j] = part.routes()[row]
-                for name, values in part.outputs.items():
+                for name, values in part_outputs[id(part)].items():
                     out[name][i, j] = values[row]
         return out
 
