@@ -562,9 +562,8 @@ def _conform(child: ChildModel, info: TensorInfo, data):
     if len(shape) != len(info.dims) or any(d >= 0 and d != s for d, s in zip(info.dims, shape)):
         raise FlowError(f"inputs[{info.name!r}] has dims {list(shape)} per row; model {child.name} declares "
                         f"{list(info.dims)} (TYPE_{info.dtype})")
-    if not isinstance(data, np.ndarray):  # a tensor left on the device: its dtype must match already
-        want = {"FP32": "float32", "FP16": "float16", "INT64": "int64", "INT32": "int32", "UINT8": "uint8", "BOOL": "bool"}
-        if str(data.dtype).replace("torch.", "") != want.get(info.dtype, "?"):
+    if not isinstance(data, np.ndarray):  # a tensor left on the device (torch): its dtype must match already
+        if str(data.dtype).replace("torch.", "") != np.dtype(numpy_dtype(info.dtype)).name:
             raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype}")
         return data
     if info.dtype in ("STRING", "BYTES"):
@@ -635,7 +634,7 @@ class Regions(Batch):
     @classmethod
     def _make(cls, parent: Batch, found, margin: float, min_size: float, detector: str) -> "Regions":
         image = parent._image_rows(found.source)
-        _, all_scales = parent._run.images()
+        images, all_scales = parent._run.images()
         scale = all_scales[image]
         # Bounded: an image with more regions than max_regions_per_image fails its own request.
         limit = parent._run.max_regions
@@ -646,7 +645,6 @@ class Regions(Batch):
             parent._run.fail_images(np.array([img]), f"{detector} found {counts[img]} regions on it, over "
                                     f"max_regions_per_image={limit}", "too_many_regions")
         boxes = found.boxes[keep]
-        images, _ = parent._run.images()
         size = np.array([_size(images[i]) for i in image[keep]], dtype=np.float64).reshape(-1, 2)
         w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
         crop = np.stack([np.maximum(boxes[:, 0] - margin * w, 0), np.maximum(boxes[:, 1] - margin * h, 0),

@@ -171,10 +171,10 @@ print("torch" in sys.modules)
     assert proc.stdout.strip() == "False"
 
 
-def test_a_column_goes_to_the_next_child_as_the_device_tensor_it_came_as(tmp_path):
-    """outputs.tensor(name) on a torch flow instance: the child's output tensor (DLPack from
-    the stub, here a torch tensor as the transport hands it over) is the next child's input
-    as it is, never copied to the host."""
+def _column_run(tmp_path, as_dtype=None):
+    """The regions tests' flow with the head fed colour's raw output as a Column, on the
+    torch runtime, the transport handing outputs over as torch tensors (as_dtype: colour's
+    probs handed over as that dtype). (its result, what head was fed, what colour handed over)"""
     from test_regions import CHILDREN, FLOW, make_repo, picture  # the regions tests' repository
 
     repo = make_repo(tmp_path)
@@ -195,13 +195,33 @@ def test_a_column_goes_to_the_next_child_as_the_device_tensor_it_came_as(tmp_pat
             as_device = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) and v.dtype != object
                          else v for k, v in answer.items()}
             if request.model == "colour":
+                if as_dtype is not None:
+                    as_device["probs"] = as_device["probs"].to(as_dtype)
                 handed_over.setdefault("probs", []).append(as_device["probs"])
             out.append(as_device)
         return out
 
-    (result,), _ = on_torch.run([ImageRequest([picture([("blue", (30, 10, 60, 40)), ("red", (2, 2, 12, 12))])])], send)
+    try:
+        (result,), _ = on_torch.run([ImageRequest([picture([("blue", (30, 10, 60, 40)), ("red", (2, 2, 12, 12))])])], send)
+    finally:
+        local.close()
+        on_torch.close()
+    return result, fed, handed_over
+
+
+def test_a_column_goes_to_the_next_child_as_the_device_tensor_it_came_as(tmp_path):
+    """outputs.tensor(name) on a torch flow instance: the child's output tensor (DLPack from
+    the stub, here a torch tensor as the transport hands it over) is the next child's input
+    as it is, never copied to the host."""
+    result, fed, handed_over = _column_run(tmp_path)
     assert not isinstance(result, RequestError), result
     assert isinstance(fed["features"], torch.Tensor)
     assert fed["features"].data_ptr() == handed_over["probs"][-1].data_ptr()  # the same memory: no copy
-    local.close()
-    on_torch.close()
+
+
+def test_a_column_of_another_dtype_than_the_next_child_declares_fails_the_request_naming_both(tmp_path):
+    """A device tensor is not cast behind the flow's back: float64 into a TYPE_FP32 input fails."""
+    result, fed, _ = _column_run(tmp_path, as_dtype=torch.float64)
+    assert isinstance(result, RequestError)
+    assert "inputs['features'] is torch.float64; model head declares TYPE_FP32" in result.message
+    assert "features" not in fed  # head was never called
