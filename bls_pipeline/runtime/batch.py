@@ -355,8 +355,10 @@ class Batch:
                     sending.append(plan)
                 elif self._keeps_waiting(plan):
                     waiting.append(plan)
-            mirrored = {plan.index: self._mirror(plan) for plan in sending}
-            try:
+            mirrored = {}
+            try:  # inside: a mirror started (its slot taken) is always handed a stable answer
+                for plan in sending:
+                    mirrored[plan.index] = self._mirror(plan)
                 todo = self._receive(sending, mirrored, results)
             finally:
                 for handle in mirrored.values():  # a call that raised: its mirror has nothing to compare with
@@ -422,7 +424,7 @@ class Batch:
         mirror = replace(plan, model=trial.model, version=trial.version, chunks=[])
         try:
             mirror.chunks = self._chunks(mirror)
-        except FlowError as exc:  # e.g. the candidate's inputs differ: counted as a failed mirror
+        except Exception as exc:  # noqa: BLE001 - e.g. the candidate's inputs differ: counted as a failed mirror
             error = exc  # `exc` is unbound when the except block ends; the lambda runs later
             return shadow.mirror(lambda: error, lambda parts: None, background=False)
         device = self._run.device
