@@ -72,8 +72,11 @@ def found_boxes(child: ChildModel, values: dict[str, np.ndarray], rows: np.ndarr
                 raise _shape_error(child, name, value, f"({n}, {per_row}), one per box")
             extra[key] = value
     if det.count is not None:
-        count = np.asarray(values[det.count]).reshape(n, -1)[:, 0]
-        if count.shape != (n,) or (count < 0).any() or (count > per_row).any():
+        count = np.asarray(values[det.count])
+        if count.shape not in ((n,), (n, 1)):
+            raise _shape_error(child, det.count, count, f"({n}, 1), one count per row")
+        count = count.reshape(n)
+        if (count < 0).any() or (count > per_row).any():
             raise ChildCallError(f"detector {child.name} returned {det.count}={count.tolist()} for {per_row} boxes per row; "
                                  f"each count must be within 0..{per_row}")
         real = np.arange(per_row)[None, :] < count[:, None]

@@ -158,7 +158,7 @@ def _preprocess(model: str, tensor: TensorInfo, params: dict[str, str]) -> Prepr
     crop = height
     if "preprocess_crop" in params and _as_int("preprocess_crop", params["preprocess_crop"], 1) != crop:
         raise ConfigError(f"model {model}: parameter preprocess_crop={params['preprocess_crop']} but input {tensor.name} "
-                          f"is {crop}x{crop} ({layout} dims {list(dims)}): make them agree")
+                          f"is {height}x{width} ({layout} dims {list(dims)}): make them agree")
     resize = _as_int("preprocess_resize", params["preprocess_resize"], 1) if "preprocess_resize" in params else round(crop / 0.875)
     if tensor.dtype == "UINT8":
         given = [k for k in ("preprocess_mean", "preprocess_std", "preprocess_scale") if k in params]

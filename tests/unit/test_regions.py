@@ -387,3 +387,21 @@ def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
     found = found_boxes(child, {"BOXES": np.array([[box_in]], np.float32)}, np.array([0]),
                         np.array([[300.0, 40.0, 500.0, 140.0]]), np.ones(1))
     np.testing.assert_allclose(found.boxes, [[300, 40, 400, 90]], atol=1e-6)
+
+
+@pytest.mark.parametrize("count", [np.zeros((2, 2), np.int32), np.zeros(0, np.int32)])
+def test_a_count_output_of_the_wrong_shape_fails_naming_the_detector(count):
+    from bls_pipeline.runtime.boxes import found_boxes
+    from bls_pipeline.runtime.children import ChildModel, Detector, TensorInfo
+    from bls_pipeline.runtime.errors import ChildCallError
+    from bls_pipeline.stages.preprocess import PreprocessSpec
+
+    child = ChildModel("det", 4, TensorInfo("image", "FP32", (3, 64, 64)),
+                       (TensorInfo("BOXES", "FP32", (-1, 4)), TensorInfo("COUNT", "INT32", (1,))),
+                       PreprocessSpec(crop=64), detector=Detector("BOXES", "pixels", count="COUNT"))
+    boxes = np.zeros((2, 3, 4), np.float32)
+    sources, scales = np.array([[0.0, 0.0, 64.0, 64.0]] * 2), np.ones(2)
+    with pytest.raises(ChildCallError) as info:
+        found_boxes(child, {"BOXES": boxes, "COUNT": count}, np.arange(2), sources, scales)
+    assert f"detector det returned COUNT with shape {count.shape}" in str(info.value)
+    assert "(2, 1), one count per row" in str(info.value)

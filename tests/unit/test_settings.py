@@ -238,6 +238,8 @@ def test_encoded_bytes_child_has_no_preprocessing():
     ("dims", "params", "dtype", "message"),
     [
         ("3, 224, 224", {"preprocess_crop": "192"}, "TYPE_FP32", "preprocess_crop=192 but input pixels is 224x224"),
+        ("3, 48, 320", {"preprocess_crop": "320", "preprocess_resize_mode": "keep_aspect"}, "TYPE_FP32",
+         "preprocess_crop=320 but input pixels is 48x320"),
         ("3, 224, 160", {}, "TYPE_FP32", "make its dims square, or set preprocess_resize_mode"),
         ("3, 224, 224", {"preprocess_colour": "GRAY"}, "TYPE_FP32", "preprocess_colour='GRAY' does not fit"),
         ("3, 224, 224", {"preprocess_mean": "0.5,0.5"}, "TYPE_FP32", "three comma-separated numbers"),
