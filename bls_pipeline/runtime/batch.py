@@ -318,6 +318,9 @@ class Batch:
         if child.detector is None:
             raise FlowError(f"regions() needs a detector, and {child.name}'s config.pbtxt names no boxes_output "
                             "(with boxes_units, and box_scores_output / count_output if it has them)")
+        if min_score is not None and child.detector.scores is None:
+            raise FlowError(f"regions(min_score={min_score}) needs box scores, and {child.name}'s config.pbtxt names no "
+                            "box_scores_output: name it, or filter the regions in the flow")
         values = {name: found.raw(name) for name in found.names}
         sources, scales = self._sources(found.rows)
         boxes = found_boxes(child, values, found.rows, sources, scales, min_score)

@@ -90,9 +90,7 @@ def found_boxes(child: ChildModel, values: dict[str, np.ndarray], rows: np.ndarr
                         np.clip(xyxy[..., 2], x0, x1), np.clip(xyxy[..., 3], y0, y1)], axis=-1)
     with np.errstate(invalid="ignore"):
         keep &= (clipped[..., 2] > clipped[..., 0]) & (clipped[..., 3] > clipped[..., 1])
-    if min_score is not None:
-        if "scores" not in extra:
-            raise ChildCallError(f"min_score needs box scores, and detector {child.name} has no box_scores_output")
+    if min_score is not None:  # Batch.regions made sure the detector names its scores
         with np.errstate(invalid="ignore"):
             keep &= extra["scores"] >= min_score
     r, k = np.nonzero(keep)

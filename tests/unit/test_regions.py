@@ -269,6 +269,31 @@ def test_boxes_come_back_in_the_pixels_of_the_image_as_sent_when_decoded_smaller
     np.testing.assert_allclose(prediction.outputs["REGION_BOXES"][0, 0], [400, 300, 800, 600], atol=20)
 
 
+def test_min_score_drops_the_boxes_scored_under_it(repo):
+    def detector(batch):
+        n = len(batch)
+        boxes = np.tile(np.array([[[0.0, 0.0, 0.25, 0.25], [0.5, 0.5, 1.0, 1.0]]], np.float32), (n, 1, 1))
+        return {"BOXES": boxes, "SCORES": np.tile(np.array([[0.3, 0.9]], np.float32), (n, 1)),
+                "COUNT": np.full((n, 1), 2, np.int32)}
+
+    (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace("min_size=settings.min_size)",
+                                                                      "min_size=settings.min_size, min_score=0.5)"))
+    with local(repo, models={"det": detector}) as flow:
+        prediction = flow.classify([picture([])])
+    assert prediction.outputs["REGION_COUNT"].tolist() == [[1]]
+    np.testing.assert_allclose(prediction.outputs["REGION_BOXES"][0], [[32, 24, 64, 48]], atol=1e-4)
+
+
+def test_min_score_on_a_detector_without_scores_is_the_flows_error(repo):
+    _write(repo / "det" / "config.pbtxt", DET.replace(
+        'parameters { key: "box_scores_output", value: { string_value: "SCORES" } }\n', ""))
+    (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace("min_size=settings.min_size)",
+                                                                      "min_size=settings.min_size, min_score=0.5)"))
+    with pytest.raises(ConfigError, match=r"regions\(min_score=0.5\) needs box scores, and det's config.pbtxt names no "
+                                          r"box_scores_output"):
+        local(repo)
+
+
 def test_regions_of_regions(repo, tmp_path):
     text = FLOW.replace('''    colours = regions.classify(settings.colour)''', '''    inner = regions.regions(regions.infer(settings.detector))
     if len(regions):  # not on the load check's probe image, which has none
