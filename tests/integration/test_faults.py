@@ -213,11 +213,17 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
     def refused(record: Record, allowed: tuple[str, ...]) -> bool:
         return record.answered > stop_began and any(re.fullmatch(p, record.error) for p in allowed)
 
+    # Triton 2.51 was once seen (1 run in many) not to exit on SIGTERM after every model had
+    # been unloaded; the launcher then kills it, which loses nothing only because the drain
+    # came first. A request sent after the stop began then meets a server that is killed
+    # under it: the gRPC transport says UNAVAILABLE (socket closed, connection reset), a refusal.
+    killed = code == -signal.SIGKILL
+    closed = (*CLOSED, r"StatusCode\.UNAVAILABLE .*") if killed else CLOSED
     # Every request is answered, or refused as documented: none lost in flight.
     before = [r for r in traffic.records if r.sent < stop_began]
     after = [r for r in traffic.records if r.sent >= stop_began]
     lost = Counter(r.error for r in before if r.error and not refused(r, (DRAINED,)))
-    lost += Counter(r.error for r in after if r.error and not refused(r, (DRAINED, *CLOSED)))
+    lost += Counter(r.error for r in after if r.error and not refused(r, (DRAINED, *closed)))
     assert not lost, f"requests neither answered nor refused as documented: {lost}"
     # The test saw the drain at work: requests in flight when the stop began were answered,
     # and later ones were refused by the drained model.
@@ -228,11 +234,8 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
           f"{sum(1 for r in before if r.error)}; sent after it: {Counter((r.error or r.route)[:60] for r in after)}; "
           f"stop took {stopped - stop_began:.1f} s")
 
-    if code != 0:
-        # Triton 2.51 was once seen (1 run in many) not to exit on SIGTERM after every model
-        # had been unloaded; the launcher then kills it, which loses nothing only because
-        # the drain came first. Its thread stacks go to the server log for a bug report.
-        assert code == -signal.SIGKILL, f"tritonserver exit code {code}, {srv.last_stop}"
+    if code != 0:  # killed after the drain (above): its thread stacks are in the server log
+        assert killed, f"tritonserver exit code {code}, {srv.last_stop}"
         warnings.warn(f"tritonserver had to be killed after a clean drain; see {srv.options.log_file}")
     assert srv.last_stop.drained
 
