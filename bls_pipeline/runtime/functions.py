@@ -3,8 +3,10 @@
     parameters { key: "function", value: { string_value: "quality_measures.py:measure" } }
 
 The file sits in the model's version folder; the function takes {input name: batch} and
-returns {output name: batch}. Inside Triton, adapter.function_model runs it; LocalFlow runs
-the same function in process, so a flow's python children need no stand-in in tests.
+returns {output name: batch}. A file that needs something opened once (an ONNX session, a
+vocabulary) does it in a function `setup()`, run when the model loads, so that a missing or
+broken file fails the load, not a request. Inside Triton, adapter.function_model runs it;
+LocalFlow runs the same function in process, so a flow's python children need no stand-in in tests.
 """
 
 from __future__ import annotations
@@ -34,4 +36,7 @@ def load_function(version_dir: Path, spec: str) -> Callable[[dict], dict]:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(f"parameter {FUNCTION_PARAMETER}={spec!r}: {path.name} has no function {name}")
+    setup = getattr(module, "setup", None)
+    if callable(setup):
+        setup()
     return fn

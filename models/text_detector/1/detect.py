@@ -38,10 +38,14 @@ _THREADS = min(4, os.cpu_count() or 1)
 _model: OnnxModel | None = None
 
 
-def detect(inputs: dict) -> dict:
+def setup() -> None:
+    """At load (runtime/functions.py): the ONNX session, so a missing or broken model.onnx
+    fails the load, not a request."""
     global _model
-    if _model is None:  # at the first batch, not at import
-        _model = OnnxModel(_MODEL_FILE, ["image"], ["prob_map"], intra_op_threads=_THREADS)
+    _model = OnnxModel(_MODEL_FILE, ["image"], ["prob_map"], intra_op_threads=_THREADS)
+
+
+def detect(inputs: dict) -> dict:
     prob = _model.run({"image": np.ascontiguousarray(inputs["image"], dtype=np.float32)})["prob_map"][:, 0]
     return pack([boxes_from_map(p) for p in prob])
 

@@ -27,11 +27,15 @@ _model: OnnxModel | None = None
 _classes: tuple[str, ...] = ()
 
 
-def recognize(inputs: dict) -> dict:
+def setup() -> None:
+    """At load (runtime/functions.py): the character list and the ONNX session, so a missing
+    or broken file fails the load, not a request."""
     global _model, _classes
-    if _model is None:  # at the first batch, not at import
-        _classes = read_classes(_FOLDER / "characters.txt")
-        _model = OnnxModel(_FOLDER / "model.onnx", ["image"], ["probs"], intra_op_threads=_THREADS)
+    _classes = read_classes(_FOLDER / "characters.txt")
+    _model = OnnxModel(_FOLDER / "model.onnx", ["image"], ["probs"], intra_op_threads=_THREADS)
+
+
+def recognize(inputs: dict) -> dict:
     probs = _model.run({"image": np.ascontiguousarray(inputs["image"], dtype=np.float32)})["probs"]
     texts, confidence = ctc_decode(probs, _classes)
     return {"TEXT": np.array([[t.encode("utf-8")] for t in texts], dtype=object).reshape(-1, 1),
