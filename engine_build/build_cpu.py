@@ -54,14 +54,17 @@ def _require(module: str, extra: str):
 
 def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Path, "object"]]:
     """The readable images in `folder` (not recursive, sorted), decoded to RGB: at most `limit`.
-    Raises CalibrationError naming the folder when it holds none."""
+    Files not named as images (IMAGE_SUFFIXES: a README, notes) are passed over; an image
+    that does not decode is skipped with a warning. Raises CalibrationError naming the folder
+    when it holds no readable image."""
     from PIL import Image
 
     folder = Path(folder)
     if not folder.is_dir():
         raise CalibrationError(f"calibration folder {folder} does not exist (give --calibration DIR, a folder of images)")
+    files = sorted(p for p in folder.iterdir() if p.is_file())
     images, unreadable = [], []
-    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+    for path in (p for p in files if p.suffix.lower() in IMAGE_SUFFIXES):
         try:
             with Image.open(path) as img:
                 images.append((path, img.convert("RGB")))
@@ -70,9 +73,12 @@ def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Pat
         if limit is not None and len(images) >= limit:
             break
     if not images:
-        seen = f" (unreadable: {', '.join(unreadable[:5])}{' ...' if len(unreadable) > 5 else ''})" if unreadable else ""
-        raise CalibrationError(f"calibration folder {folder} has no readable image{seen}: put JPEG or PNG photos like "
-                               f"the ones you serve in it")
+        others = [p.name for p in files if p.suffix.lower() not in IMAGE_SUFFIXES]
+        seen = "; ".join(f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                         for what, names in (("unreadable", unreadable), (f"not named {'/'.join(IMAGE_SUFFIXES)}", others))
+                         if names)
+        raise CalibrationError(f"calibration folder {folder} has no readable image{f' ({seen})' if seen else ''}: put "
+                               f"JPEG or PNG photos like the ones you serve in it")
     if unreadable:
         log.warning("calibration: skipped %d unreadable files in %s: %s", len(unreadable), folder, ", ".join(unreadable[:5]))
     return images

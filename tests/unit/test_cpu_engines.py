@@ -4,12 +4,14 @@ errors and bls-serve's check of an engine file."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline.runtime.children import child_model, load_child
@@ -67,6 +69,18 @@ def test_a_folder_with_no_readable_image_is_named(tmp_path):
         calibration_images(tmp_path)
     with pytest.raises(CalibrationError, match="does not exist"):
         calibration_images(tmp_path / "absent")
+
+
+def test_files_not_named_as_images_are_passed_over_and_broken_images_named(tmp_path, caplog):
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(tmp_path / "red.png")
+    (tmp_path / "README.md").write_text("calibration photos")
+    with caplog.at_level(logging.WARNING):
+        assert [p.name for p, _ in calibration_images(tmp_path)] == ["red.png"]
+    assert not caplog.records
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff nothing after")
+    with caplog.at_level(logging.WARNING):
+        assert [p.name for p, _ in calibration_images(tmp_path)] == ["red.png"]
+    assert "skipped 1 unreadable files in" in caplog.text and "broken.jpg" in caplog.text
 
 
 def test_calibration_tensors_are_preprocessed_as_the_served_model_wants():
