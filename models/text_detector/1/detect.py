@@ -46,8 +46,11 @@ def setup() -> None:
 
 
 def detect(inputs: dict) -> dict:
-    prob = _model.run({"image": np.ascontiguousarray(inputs["image"], dtype=np.float32)})["prob_map"][:, 0]
-    return pack([boxes_from_map(p) for p in prob])
+    # The batch goes through the network one image at a time: on the CPU the DB network is
+    # slower per image in a batch (2 cores: 80 ms an image at 8 against 57 ms at 1), and
+    # onnxruntime's arena keeps the activations of the largest batch (1009 MiB at 8, 161 at 1).
+    images = np.ascontiguousarray(inputs["image"], dtype=np.float32)
+    return pack([boxes_from_map(_model.run({"image": image[None]})["prob_map"][0, 0]) for image in images])
 
 
 def pack(found: list[tuple[np.ndarray, np.ndarray]]) -> dict:
