@@ -154,8 +154,11 @@ def test_a_killed_flow_instance_fails_only_what_reached_it_before_the_reload(rel
         assert any(killed < r.answered and r.sent < e.recovered_at for killed, e in zip(kills, events)), (r, events)
     for killed, e in zip(kills, events):
         assert [r for r in failed if killed < r.answered and r.sent < e.recovered_at], "no request reached the dead instance"
-        assert [r for r in load.records if e.detected_at < r.sent and r.answered < e.recovered_at and r.route], \
-            "nothing was answered while the flow reloaded"
+        # The other instance kept answering while the dead one was found and reloaded. (Not
+        # "sent and answered within the reload": on a busy 2-core machine the fresh copy's load
+        # slows every answer past its 1.5 s, and CI once saw none fit.)
+        assert [r for r in load.records if killed < r.answered < e.recovered_at and r.route], \
+            "nothing was answered between the kill and the end of the reload"
     assert summary["answered"] > 0 and not [r for r in load.records if r.sent > events[-1].recovered_at and r.error]
 
 
