@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT
+from bls_pipeline.serve.client import IMAGE_SUFFIXES
 from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
 
 __all__ = ["CalibrationError", "DEFAULT_METHOD", "METHODS", "calibration_images", "calibration_tensors", "convert_openvino",
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 # repository. Their agreement with FP32 is the same (efficientnet_lite0: 84% top-1).
 METHODS = ("nncf", "onnxruntime")
 DEFAULT_METHOD = "nncf"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 class CalibrationError(ValueError):
@@ -54,9 +54,9 @@ def _require(module: str, extra: str):
 
 def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Path, "object"]]:
     """The readable images in `folder` (not recursive, sorted), decoded to RGB: at most `limit`.
-    Files not named as images (IMAGE_SUFFIXES: a README, notes) are passed over; an image
-    that does not decode is skipped with a warning. Raises CalibrationError naming the folder
-    when it holds no readable image."""
+    Files not named as images (a README, notes; bls-classify's IMAGE_SUFFIXES) are passed
+    over; an image that does not decode is skipped with a warning. Raises CalibrationError
+    naming the folder when it holds no readable image."""
     from PIL import Image
 
     folder = Path(folder)
@@ -74,14 +74,17 @@ def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Pat
             break
     if not images:
         others = [p.name for p in files if p.suffix.lower() not in IMAGE_SUFFIXES]
-        seen = "; ".join(f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-                         for what, names in (("unreadable", unreadable), (f"not named {'/'.join(IMAGE_SUFFIXES)}", others))
-                         if names)
-        raise CalibrationError(f"calibration folder {folder} has no readable image{f' ({seen})' if seen else ''}: put "
-                               f"JPEG or PNG photos like the ones you serve in it")
+        seen = "; ".join(f"{what}: {_first_five(names)}" for what, names in
+                         (("unreadable", unreadable), (f"not named {'/'.join(sorted(IMAGE_SUFFIXES))}", others)) if names)
+        raise CalibrationError(f"calibration folder {folder} has no readable image" + (f" ({seen})" if seen else "")
+                               + ": put JPEG or PNG photos like the ones you serve in it")
     if unreadable:
         log.warning("calibration: skipped %d unreadable files in %s: %s", len(unreadable), folder, ", ".join(unreadable[:5]))
     return images
+
+
+def _first_five(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
 def calibration_tensors(folder: Path, spec: PreprocessSpec, limit: int | None = None, mirror: bool = True) -> np.ndarray:
