@@ -232,6 +232,7 @@ class TritonServer:
         )
         try:
             self.wait_ready(plan.load, opts.startup_timeout_s)
+            self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
             self._check_it_is_ours()
         except BaseException:
             self.stop()
@@ -255,6 +256,19 @@ class TritonServer:
             pending = [m for m in pending if not self.is_model_ready(m)]
             if pending:
                 time.sleep(0.25)
+
+    def _wait_for_endpoints(self, ports: dict[str, int], timeout_s: float) -> None:
+        """Every endpoint listening: Triton starts its metrics endpoint after the HTTP one that
+        answered the readiness poll, so a caller reading metrics at once could be refused."""
+        deadline = time.monotonic() + timeout_s
+        for what, port in ports.items():
+            while not _listening(self.options.host, port):
+                if self._proc is None or self._proc.poll() is not None:
+                    raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} "
+                                       f"before its {what} endpoint listened{self._log_hint()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the {what} endpoint is not listening on port {port} after {timeout_s:.0f}s{self._log_hint()}")
+                time.sleep(0.05)
 
     def _check_it_is_ours(self) -> None:
         """The server that answered the readiness poll is the one started here: only it knows
@@ -432,6 +446,22 @@ def _check_ports_free(opts: ServerOptions) -> None:
             except OSError as exc:
                 raise RuntimeError(f"{what} port {port} on {opts.host} is taken ({exc.strerror}): stop what uses it, "
                                    f"or pick another with --{what.lower()}-port") from None
+
+
+def _endpoints(cmd: list[str]) -> dict[str, int]:
+    """The gRPC and metrics ports the command line opens (the last --allow-X flag wins, as in
+    tritonserver; extra_args may turn one off)."""
+    flags = dict(arg[2:].split("=", 1) for arg in cmd if arg.startswith("--") and "=" in arg)
+    return {what: int(flags[f"{flag}-port"]) for what, flag in (("gRPC", "grpc"), ("metrics", "metrics"))
+            if flags.get(f"allow-{flag}", "true").lower() not in ("false", "0", "no", "off") and f"{flag}-port" in flags}
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def _has_gpu() -> bool:

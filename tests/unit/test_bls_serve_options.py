@@ -47,3 +47,12 @@ def test_the_launcher_defaults_to_loopback(tmp_path):
     options = server.ServerOptions.on_free_ports(tmp_path, None)
     assert options.host == "127.0.0.1"
     assert server.TritonServer(options).http_url.startswith("127.0.0.1:")
+
+
+def test_start_waits_for_each_endpoint_the_command_line_opens():
+    """The readiness poll is on HTTP; Triton opens its metrics port after that, so start()
+    also waits for gRPC and metrics, except one that extra arguments turned off."""
+    cmd = ["tritonserver", "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--allow-metrics=true"]
+    assert server._endpoints(cmd) == {"gRPC": 2, "metrics": 3}
+    assert server._endpoints([*cmd, "--allow-metrics=false"]) == {"gRPC": 2}
+    assert server._endpoints([*cmd, "--allow-grpc=0", "--allow-metrics=false"]) == {}
