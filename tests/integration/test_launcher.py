@@ -233,10 +233,12 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog
 
     monkeypatch.setattr(server_module, "_kill_group", kill_and_let_it_die)
     srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=0, log_file=tmp_path / "server.log"))
-    stubborn = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); subprocess.Popen(['sleep', '300']); time.sleep(300)"
-    srv._proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+    stubborn = ("import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "subprocess.Popen(['sleep', '300']); print('ready', flush=True); time.sleep(300)")
+    srv._proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True, stdout=subprocess.PIPE)
     pid = srv._proc.pid
-    time.sleep(0.5)  # let it install its handler and start its child
+    assert srv._proc.stdout.readline() == b"ready\n"  # its handler is in and its child started
+    srv._proc.stdout.close()
     code = srv.stop()
     assert code == -signal.SIGKILL and srv.last_stop.drained is False  # nothing answered the drain
     deadline = time.monotonic() + 5  # its orphaned child is reaped by init
