@@ -249,8 +249,7 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         pending = list(models)
         while pending:
-            if self._proc is None or self._proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} before it was ready{self._log_hint()}")
+            self._fail_if_exited("it was ready")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"models not ready after {timeout_s:.0f}s: {pending}{self._log_hint()}")
             pending = [m for m in pending if not self.is_model_ready(m)]
@@ -263,12 +262,15 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         for what, port in ports.items():
             while not _listening(self.options.host, port):
-                if self._proc is None or self._proc.poll() is not None:
-                    raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} "
-                                       f"before its {what} endpoint listened{self._log_hint()}")
+                self._fail_if_exited(f"its {what} endpoint listened")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the {what} endpoint is not listening on port {port} after {timeout_s:.0f}s{self._log_hint()}")
                 time.sleep(0.05)
+
+    def _fail_if_exited(self, before: str) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} "
+                               f"before {before}{self._log_hint()}")
 
     def _check_it_is_ours(self) -> None:
         """The server that answered the readiness poll is the one started here: only it knows
