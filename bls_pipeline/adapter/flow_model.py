@@ -22,16 +22,13 @@ from typing import Any
 from ..contract import CLASS_IDS, IMAGE, LABELS, PROBE_PARAMETER, ROUTE, SCORES, TOPK
 from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
-from ..runtime.results import ImageRequest, Prediction
+from ..runtime.results import BAD_INPUT, BROKEN, UNAVAILABLE, ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport
 
 __all__ = ["flow_model"]
 
-# Why a request failed -> the Triton error code its client sees.
-_UNAVAILABLE_REASONS = {"classifier"}
-_INTERNAL_REASONS = {"flow", "internal"}
 
 
 def flow_model(pb_utils: Any) -> type:
@@ -109,8 +106,7 @@ def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
     """Only the outputs the client asked for (Triton lists all of them when it named none)."""
     if not isinstance(result, Prediction):
         error = pb_utils.TritonError
-        code = (error.UNAVAILABLE if result.reason in _UNAVAILABLE_REASONS
-                else error.INTERNAL if result.reason in _INTERNAL_REASONS else error.INVALID_ARG)
+        code = {BAD_INPUT: error.INVALID_ARG, BROKEN: error.INTERNAL, UNAVAILABLE: error.UNAVAILABLE}[result.code]
         return pb_utils.InferenceResponse(error=error(result.message, code))
     values = {LABELS.name: result.labels, SCORES.name: result.scores, CLASS_IDS.name: result.class_ids,
               ROUTE.name: result.routes, **result.outputs}

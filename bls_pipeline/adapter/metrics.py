@@ -1,7 +1,10 @@
 """A flow model's own metrics on Triton's /metrics endpoint (pb_utils.MetricFamily).
 
     bls_images_total{route}              images answered, by ROUTE
-    bls_rejected_images_total{reason}    images in failed requests, by reason
+    bls_rejected_images_total{reason,code}  images in failed requests: what failed (a decode
+                                         reason, bad_request, too_large, too_many_regions,
+                                         flow, or a child's role or name) and the status the
+                                         client got (INVALID_ARGUMENT, INTERNAL, UNAVAILABLE)
     bls_stage_seconds_total{stage}       seconds in decode_preprocess and classify (the flow)
     bls_executions_total                 execute() calls (mean stage latency = seconds / executions)
     bls_child_calls_total{child}         child requests sent, by child model
@@ -35,7 +38,7 @@ __all__ = ["FlowMetrics"]
 
 _FAMILIES = {
     "images": ("bls_images_total", "Images answered by the flow model, by route"),
-    "rejected": ("bls_rejected_images_total", "Images in rejected requests, by reason"),
+    "rejected": ("bls_rejected_images_total", "Images in rejected requests, by what failed and the status code sent"),
     "seconds": ("bls_stage_seconds_total", "Seconds spent per stage"),
     "executions": ("bls_executions_total", "execute() calls of the flow model"),
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
@@ -70,8 +73,8 @@ class FlowMetrics:
         self._add("seconds", timings.classify, stage="classify")
         for route, n in timings.routes.items():
             self._add("images", n, route=route)
-        for reason, n in timings.rejected.items():
-            self._add("rejected", n, reason=reason)
+        for (reason, code), n in timings.rejected.items():
+            self._add("rejected", n, reason=reason, code=code)
         for child, stats in timings.children.items():
             self._add("child_calls", stats.calls, child=child)
             self._add("child_images", stats.images, child=child)

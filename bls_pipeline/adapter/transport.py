@@ -26,11 +26,16 @@ __all__ = ["TritonTransport", "child_error"]
 # request it took and failed: a dead python stub (the model still READY), a model or version
 # that is not (or no longer) loaded, and one being unloaded when the request reached it.
 _UNAVAILABLE = re.compile(r"Stub process '[^']+' is not healthy|Request for unknown model|Model '[^']+' is not ready")
+# Its words for a request refused for overload: its queue was full, or it waited out the
+# queue's timeout. Triton 2.51 hands a BLS caller the message alone (the code is lost).
+_BUSY = re.compile(r"Exceeds maximum queue size|Request timeout expired")
 
 
-def child_error(message: str) -> ChildCallError:
-    """The ChildCallError for a failed child call's message, marked unavailable when it says so."""
-    return ChildCallError(message, unavailable=bool(_UNAVAILABLE.search(message)))
+def child_error(message: str, model: str | None = None) -> ChildCallError:
+    """The ChildCallError for a failed child call's message: unavailable (retried) or busy
+    (overloaded) when it says so, else the child's own failure."""
+    return ChildCallError(message, unavailable=bool(_UNAVAILABLE.search(message)), busy=bool(_BUSY.search(message)),
+                          model=model)
 
 
 class TritonTransport:
@@ -84,12 +89,12 @@ class TritonTransport:
         if isinstance(response, ChildCallError):
             return response
         if response.has_error():
-            return child_error(response.error().message())
+            return child_error(response.error().message(), req.model)
         out = {}
         for name in req.outputs:
             tensor = self._pb.get_output_tensor_by_name(response, name)
             if tensor is None:
-                return ChildCallError(f"{req.model} returned no {name} output")
+                return ChildCallError(f"{req.model} returned no {name} output", model=req.model)
             if tensor.is_cpu():
                 out[name] = tensor.as_numpy().copy()  # own it: the buffer goes with the response
             elif req.output_gpu is None:

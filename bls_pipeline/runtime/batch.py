@@ -241,6 +241,8 @@ class RunContext(Protocol):
     def choose(self, candidates: tuple[str, ...], tried: tuple[str, ...], kind: str) -> str | None: ...
     def version(self, model: str) -> str: ...
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool: ...
+    def role(self, candidates: tuple[str, ...]) -> str: ...
+    def unready(self, candidates: tuple[str, ...]) -> None: ...
     def lost(self, model: str) -> None: ...
     def answered(self, model: str) -> None: ...
     def retry_until(self, candidates: tuple[str, ...], failed: bool) -> float | None: ...
@@ -408,7 +410,10 @@ class Batch:
                     plan.tried += (plan.model,)
                 todo.append(plan)
             elif self._run.still_ready(plan.candidates, plan.tried, plan.model):
-                raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}")
+                # Its own failure names the model (broken: INTERNAL); an overloaded one, the role.
+                busy = getattr(failed, "busy", False)
+                raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}", busy=busy, model=plan.model,
+                                     role=self._run.role(plan.candidates) if busy else None)
             else:
                 log.warning("%s %s failed (%s); routing to the next ready one", plan.kind, plan.model, failed)
                 plan.tried += (plan.model,)
@@ -446,7 +451,9 @@ class Batch:
         if plan.failure is not None:
             model, error = plan.failure
             raise ChildCallError(f"{plan.kind} {model} could not take the call ({error}), and no candidate "
-                                 f"({', '.join(plan.candidates)}) answered within child_retry_s={self._run.retry_s:g} s")
+                                 f"({', '.join(plan.candidates)}) answered within child_retry_s={self._run.retry_s:g} s",
+                                 unavailable=True, model=model, role=self._run.role(plan.candidates))
+        self._run.unready(plan.candidates)
         return False
 
     # ---- what the rows are made of (Regions overrides these) ---------------------------------
@@ -585,12 +592,31 @@ def _conform(child: ChildModel, info: TensorInfo, data):
 
 
 def _check_output(child: ChildModel, output, value, rows: int) -> None:
-    """The batch contract: one output row per input row, with the dims the config declares."""
+    """The batch contract: one output row per input row, with the dims and the data type the
+    config declares. A child that breaks it is broken, not busy: its callers fail as INTERNAL."""
     expected = (rows, *output.dims)
     fits = value.ndim == len(expected) and all(e < 0 or e == v for e, v in zip(expected, value.shape))
     if not fits:
         raise ChildCallError(f"{child.name} returned {output.name} with shape {tuple(value.shape)} for a batch of {rows}; "
-                             f"expected {tuple(expected)}")
+                             f"its config.pbtxt declares dims {list(output.dims)}, so expected {tuple(expected)}",
+                             model=child.name)
+    got = _dtype_name(value)
+    if got != ("STRING" if output.dtype == "BYTES" else output.dtype):
+        raise ChildCallError(f"{child.name} returned {output.name} as {got}; its config.pbtxt declares TYPE_{output.dtype}",
+                             model=child.name)
+
+
+def _dtype_name(value) -> str:
+    """A returned array's data type in Triton's words (FP32, STRING...), numpy or torch."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "OSU":
+        return "STRING"
+    name = value.dtype.name if isinstance(value, np.ndarray) else str(value.dtype).replace("torch.", "")
+    return _TRITON_TYPES.get(name, name)
+
+
+_TRITON_TYPES = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "bfloat16": "BF16", "int8": "INT8",
+                 "int16": "INT16", "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "uint16": "UINT16",
+                 "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL"}
 
 
 class Regions(Batch):

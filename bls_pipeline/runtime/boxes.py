@@ -48,7 +48,7 @@ def to_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
 
 def _shape_error(child: ChildModel, name: str, value: np.ndarray, want: str) -> ChildCallError:
     return ChildCallError(f"detector {child.name} returned {name} with shape {tuple(value.shape)}; a detector's {name} "
-                          f"needs {want}")
+                          f"needs {want}", model=child.name)
 
 
 def found_boxes(child: ChildModel, values: dict[str, np.ndarray], rows: np.ndarray, sources: np.ndarray,
@@ -78,7 +78,7 @@ def found_boxes(child: ChildModel, values: dict[str, np.ndarray], rows: np.ndarr
         count = count.reshape(n)
         if (count < 0).any() or (count > per_row).any():
             raise ChildCallError(f"detector {child.name} returned {det.count}={count.tolist()} for {per_row} boxes per row; "
-                                 f"each count must be within 0..{per_row}")
+                                 f"each count must be within 0..{per_row}", model=child.name)
         real = np.arange(per_row)[None, :] < count[:, None]
     else:
         real = ~(boxes == 0).all(axis=2)

@@ -33,7 +33,7 @@ from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
 from .modelconfig import data_type, parse_config
 from .routing import CandidateChooser
-from .results import ChildStats, ImageRequest, Prediction, RequestError, Timings
+from .results import BROKEN, UNAVAILABLE, ChildStats, ImageRequest, Prediction, RequestError, Timings
 from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
 from .trials import Shadow, Trial
 
@@ -91,6 +91,8 @@ class FlowRuntime:
         self.uses_regions = keep_images  # set by a run that calls regions()
         # The flow model's outputs (its config.pbtxt), by name: what its answers must fill.
         self.declared: dict[str, TensorInfo] = {o.name: o for o in (outputs or ())}
+        # Where a failed request's reader finds what its message leaves out (LocalFlow says its own).
+        self.details = "details in the server log"
         threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
         # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
@@ -158,16 +160,23 @@ class FlowRuntime:
                                 "(answer = batch.answer(); ...; return answer)")
             self._check_filled(answer)
         except NoModelReady:
-            return self._fail_pending(requests, results, run.no_model_message(), "classifier", timings)
+            return self._fail_pending(requests, results, RequestError(run.no_model_message(), run.unready_role(), UNAVAILABLE),
+                                      timings)
         except ChildCallError as exc:
-            return self._fail_pending(requests, results, str(exc), "classifier", timings)
+            # Temporary (no candidate took the call in time, or one refused it for overload):
+            # UNAVAILABLE, try again. Anything else is a broken child: INTERNAL, logged.
+            if not exc.temporary:
+                log.error("flow %s: %s", self.name, exc)
+            error = RequestError(str(exc), exc.role or exc.model or "child", UNAVAILABLE if exc.temporary else BROKEN)
+            return self._fail_pending(requests, results, error, timings)
         except FlowError as exc:
             log.error("flow %s: %s", self.name, exc)
-            return self._fail_pending(requests, results, f"flow {self.name}: {exc}", "flow", timings)
+            return self._fail_pending(requests, results, RequestError(f"flow {self.name}: {exc}", "flow", BROKEN), timings)
         except Exception as exc:  # noqa: BLE001 - a bug in the flow fails these requests, not the model
             log.exception("flow %s raised %s", self.name, type(exc).__name__)
-            message = f"flow {self.name} raised {type(exc).__name__} (details in the server log)"
-            return self._fail_pending(requests, results, message, "flow", timings)
+            # Its text may hold paths or data: the client reads the type, the log the rest.
+            message = f"flow {self.name} raised {type(exc).__name__} ({self.details})"
+            return self._fail_pending(requests, results, RequestError(message, "flow", BROKEN, cause=exc), timings)
         finally:
             timings.classify = time.perf_counter() - t0 - run.preprocess_in_flow
         with hooks.stage("top_k"):
@@ -218,8 +227,8 @@ class FlowRuntime:
             else:
                 unanswered = f"IMAGE[{unanswered}]"
             if unanswered is not None:
-                results[r] = RequestError(f"flow {self.name} left {unanswered} unanswered", "flow")
-                timings.count(timings.rejected, "flow", len(rows))
+                results[r] = RequestError(f"flow {self.name} left {unanswered} unanswered", "flow", BROKEN)
+                timings.reject(results[r], len(rows))
                 continue
             route = routes[rows].reshape(-1, 1)
             for value in route[:, 0]:
@@ -277,15 +286,15 @@ class FlowRuntime:
         elif req.k is not None and not 1 <= req.k <= self.max_topk:
             error = RequestError(f"TOPK={req.k} is out of range: use 1..{self.max_topk}", "bad_request")
         if error is not None:
-            timings.count(timings.rejected, error.reason, max(len(req.images), 1))
+            timings.reject(error, max(len(req.images), 1))
         return error
 
     @staticmethod
-    def _fail_pending(requests, results, message: str, reason: str, timings: Timings) -> None:
+    def _fail_pending(requests, results, error: RequestError, timings: Timings) -> None:
         for r, res in enumerate(results):
             if res is None:
-                results[r] = RequestError(message, reason)
-                timings.count(timings.rejected, reason, len(requests[r].images))
+                results[r] = error
+                timings.reject(error, len(requests[r].images))
 
     # ---- choosing a model -----------------------------------------------------------------
     def _ready(self, model: str) -> bool:
@@ -385,6 +394,7 @@ class _Run:
         self._results = results
         self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
         self.trials = True  # shadow and canary apply (not to probes)
+        self._unready: str | None = None  # the role of the last call that found no candidate READY
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
@@ -399,7 +409,7 @@ class _Run:
                 decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
-                timings.count(timings.rejected, err.reason)
+                timings.reject(results[r], 1)
             if decoded.errors:  # the failed requests' images leave the batch
                 self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
             self.owners = decoded.owners
@@ -477,6 +487,17 @@ class _Run:
         chooser.invalidate()
         return chooser.choose(exclude=tried) == model
 
+    def role(self, candidates: tuple[str, ...]) -> str:
+        """What the flow calls these candidates for: the setting that names them, else their names."""
+        return self._runtime.settings.role_of(candidates) or ",".join(candidates)
+
+    def unready(self, candidates: tuple[str, ...]) -> None:
+        """A call found none of these READY (and waits no longer): the role NoModelReady names."""
+        self._unready = self.role(candidates)
+
+    def unready_role(self) -> str:
+        return self._unready or "no_model_ready"
+
     def no_model_message(self) -> str:
         kind = "classifier" if set(self._tried.values()) <= {"classifier"} else "model"
         return f"no {kind} is ready (tried, in order: {', '.join(self._tried) or 'none'})"
@@ -547,7 +568,7 @@ class _Run:
             if self._results[r] is None:
                 index = int(row - np.flatnonzero(self.owners == r)[0])
                 self._results[r] = RequestError(f"IMAGE[{index}]: {message}", reason)
-                self._timings.count(self._timings.rejected, reason, int((self.owners == r).sum()))
+                self._timings.reject(self._results[r], int((self.owners == r).sum()))
 
     def send(self, requests: list[ChildRequest]):
         if not requests:

@@ -35,7 +35,7 @@ class RequestFailed(RuntimeError):
     """LocalFlow.classify's request failed; `error` is what a client would have received."""
 
     def __init__(self, error: RequestError):
-        super().__init__(f"{error.message} (reason: {error.reason})")
+        super().__init__(f"{error.message} (reason: {error.reason}; a client would get {error.code})")
         self.error = error
 
 
@@ -60,6 +60,7 @@ class LocalFlow:
         self.calls: list[tuple[str, int]] = []  # (model, images) of every child request, in order
         params = {**string_parameters(parse_config(model_dir)), **(parameters or {})}
         self.runtime = FlowRuntime.load(model_dir, params, self.is_ready, check=check)
+        self.runtime.details = "LocalFlow: the exception is the RequestError's cause, and RequestFailed's __cause__"
 
     def __enter__(self) -> "LocalFlow":
         return self
@@ -87,7 +88,7 @@ class LocalFlow:
         """One request; its Prediction, or RequestFailed with what the client would read."""
         (result,), _ = self.run([ImageRequest(list(images), topk)])
         if isinstance(result, RequestError):
-            raise RequestFailed(result)
+            raise RequestFailed(result) from result.cause
         return result
 
     # ---- the children ---------------------------------------------------------------------
@@ -115,7 +116,10 @@ class LocalFlow:
                 raise ChildCallError(f"no function for {name} here: give LocalFlow models={{{name!r}: ...}}")
             return self._session(req.model)(req.inputs, req.outputs)
         except Exception as exc:  # noqa: BLE001 - a failed child call, as the server would report it
-            return ChildCallError(str(exc) or type(exc).__name__)  # fresh: no traceback keeping the batch alive
+            # Fresh (no traceback keeping the batch alive); a stand-in raising ChildCallError
+            # itself may mark the call unavailable or busy, as the server would.
+            flags = {"unavailable": exc.unavailable, "busy": exc.busy} if isinstance(exc, ChildCallError) else {}
+            return ChildCallError(str(exc) or type(exc).__name__, model=req.model, **flags)
 
     def _session(self, model: str):
         """A callable (inputs, outputs) -> {output: array} for `model`, made once."""

@@ -8,7 +8,14 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["ChildStats", "ImageRequest", "Prediction", "RequestError", "Timings"]
+__all__ = ["BAD_INPUT", "BROKEN", "ChildStats", "ImageRequest", "Prediction", "RequestError", "Timings", "UNAVAILABLE"]
+
+# What a failed request's client is told, as gRPC status names (HTTP 400, 500, 503). Only
+# UNAVAILABLE is worth sending again: the other two fail the same way every time.
+BAD_INPUT = "INVALID_ARGUMENT"  # the request itself: an undecodable image, a bad TOPK, too many regions
+BROKEN = "INTERNAL"  # a part of the deployment: a child breaking its contract, a flow that raised
+UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, the server draining
+CODES = (BAD_INPUT, BROKEN, UNAVAILABLE)
 
 
 @dataclass(frozen=True)
@@ -31,9 +38,16 @@ class RequestError:
     """Why one request failed; `message` is safe to send to the client."""
 
     message: str
-    # short tag for metrics: decode reasons, "bad_request", "too_large", "classifier" (no
-    # model could answer: UNAVAILABLE), "flow" (the flow itself failed: INTERNAL)
+    # What failed, for the metrics' reason label: a decode reason, "bad_request", "too_large",
+    # "too_many_regions"; "flow" (the flow raised or left an image unanswered); a child's role
+    # (the setting naming its candidates) or its name when a child call failed.
     reason: str
+    code: str = BAD_INPUT  # one of CODES
+    cause: BaseException | None = field(default=None, compare=False, repr=False)  # the flow's own exception, if it raised
+
+    def __post_init__(self):
+        if self.code not in CODES:
+            raise ValueError(f"RequestError code {self.code!r}: use one of {', '.join(CODES)}")
 
 
 @dataclass(frozen=True)
@@ -61,9 +75,13 @@ class Timings:
     decode_preprocess: float = 0.0
     classify: float = 0.0  # the flow: its child calls and its own logic
     routes: dict[str, int] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
+    rejected: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> images
     children: dict[str, ChildStats] = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
 
-    def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
+    def count(self, table: dict, key, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
+
+    def reject(self, error: "RequestError", images: int) -> None:
+        """Count the images of a request that failed with `error`."""
+        self.count(self.rejected, (error.reason, error.code), images)

@@ -262,6 +262,11 @@ class Settings:
         """The settings from config.pbtxt strings (keys of other kinds are ignored here)."""
         return cls(**{f.name: f.parse(params[f.name]) for f in cls._fields if f.name in params})
 
+    def role_of(self, candidates: tuple[str, ...]) -> str | None:
+        """The name of the Candidates setting holding exactly these models (the role a failure
+        names in the metrics), or None."""
+        return next((f.name for f in self._fields if f.type is Candidates and getattr(self, f.name) == tuple(candidates)), None)
+
     def models(self) -> tuple[str, ...]:
         """Every model name the Candidates settings hold, in declaration order, once each."""
         names: dict[str, None] = {}

@@ -246,8 +246,9 @@ def test_no_model_ready_names_every_candidate_tried(repo):
     """)
     rec = Recorder(FUNCTIONS, ready=set())
     (result,), timings = runtime(flow, rec).run([ImageRequest([RED, GREEN])], rec.send)
-    assert result == RequestError("no classifier is ready (tried, in order: cls_c, cls_a, cls_b)", "classifier")
-    assert rec.rounds == [] and timings.rejected == {"classifier": 2}
+    # The role named is the last one found with nothing READY: the setting `main`.
+    assert result == RequestError("no classifier is ready (tried, in order: cls_c, cls_a, cls_b)", "main", "UNAVAILABLE")
+    assert rec.rounds == [] and timings.rejected == {("main", "UNAVAILABLE"): 2}
 
 
 def test_a_flow_that_raises_fails_that_execute_only(repo):
@@ -261,8 +262,9 @@ def test_a_flow_that_raises_fails_that_execute_only(repo):
     rec = Recorder(FUNCTIONS)
     rt = runtime(flow, rec)
     failed, timings = rt.run([ImageRequest([RED]), ImageRequest([GREEN])], rec.send)
-    assert failed == [RequestError("flow f raised KeyError (details in the server log)", "flow")] * 2
-    assert timings.rejected == {"flow": 2}
+    assert failed == [RequestError("flow f raised KeyError (details in the server log)", "flow", "INTERNAL")] * 2
+    assert "secret" not in failed[0].message and isinstance(failed[0].cause, KeyError)  # the client reads no text of it
+    assert timings.rejected == {("flow", "INTERNAL"): 2}
     (ok,), _ = rt.run([ImageRequest([RED])], rec.send)  # the model keeps serving
     assert isinstance(ok, Prediction) and ok.routes[0, 0] == b"cls_a:ok"
 
@@ -275,7 +277,7 @@ def test_rows_left_unanswered_fail_their_request(repo):
     rec = Recorder(FUNCTIONS)
     results, _ = runtime(flow, rec).run([ImageRequest([RED]), ImageRequest([GREEN, RED])], rec.send)
     assert isinstance(results[0], Prediction)
-    assert results[1] == RequestError("flow f left IMAGE[0] unanswered", "flow")
+    assert results[1] == RequestError("flow f left IMAGE[0] unanswered", "flow", "INTERNAL")
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -448,9 +450,9 @@ def test_a_model_that_does_not_come_back_fails_after_child_retry_s(repo):
     server.dead |= {"cls_a", "cls_b"}
     (result,), timings = served(write_flow(repo, MAIN_ONLY), server, child_retry_s=3).run([ImageRequest([RED])], server.send)
     assert result == RequestError("classifier cls_b could not take the call (Stub process 'cls_b_0_0' is not healthy.), "
-                                  "and no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "classifier")
+                                  "and no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "main", "UNAVAILABLE")
     assert 3.0 <= server.now < 3.2  # bounded by the setting
-    assert timings.rejected == {"classifier": 1}
+    assert timings.rejected == {("main", "UNAVAILABLE"): 1}
 
 
 def test_no_retry_and_no_wait_without_a_loss_or_with_child_retry_s_0(repo):
@@ -458,7 +460,8 @@ def test_no_retry_and_no_wait_without_a_loss_or_with_child_retry_s_0(repo):
     server = Server(FUNCTIONS)
     server.ready.clear()  # never loaded: nothing to wait for
     (result,), _ = served(flow, server).run([ImageRequest([RED])], server.send)
-    assert result.reason == "classifier" and "no classifier is ready" in result.message and server.now == 0.0
+    assert (result.reason, result.code) == ("main", "UNAVAILABLE") and "no classifier is ready" in result.message
+    assert server.now == 0.0
     server = Server(FUNCTIONS)
     server.dead |= {"cls_a", "cls_b"}
     (result,), _ = served(flow, server, child_retry_s=0).run([ImageRequest([RED])], server.send)

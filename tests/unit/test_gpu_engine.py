@@ -49,7 +49,8 @@ def _host_send(flow: LocalFlow):
 
 def _flows(model: str, params: dict[str, str] | None = None):
     children = {"resnet50_onnx": coarse_classifier, "efficientnet_lite0_onnx": coarse_classifier}
-    local = LocalFlow(MODELS / model, children, parameters=params)
+    # READY: the stand-ins and image_quality alone (an engine built in models/ must not answer instead)
+    local = LocalFlow(MODELS / model, children, parameters=params, ready={*children, "image_quality"})
     config = {**string_parameters(parse_config(MODELS / model)), **(params or {})}
     on_torch = FlowRuntime.load(MODELS / model, config, local.is_ready, device="cpu")
     return local, on_torch
@@ -219,9 +220,12 @@ def test_a_column_goes_to_the_next_child_as_the_device_tensor_it_came_as(tmp_pat
     assert fed["features"].data_ptr() == handed_over["probs"][-1].data_ptr()  # the same memory: no copy
 
 
-def test_a_column_of_another_dtype_than_the_next_child_declares_fails_the_request_naming_both(tmp_path):
-    """A device tensor is not cast behind the flow's back: float64 into a TYPE_FP32 input fails."""
+def test_a_device_output_of_another_dtype_than_its_config_fails_as_a_broken_child(tmp_path):
+    """A device tensor is not cast behind the flow's back: colour handing over float64 for
+    its TYPE_FP32 output is a broken child (INTERNAL, naming it and both types), and the
+    next child is never fed it."""
     result, fed, _ = _column_run(tmp_path, as_dtype=torch.float64)
     assert isinstance(result, RequestError)
-    assert "inputs['features'] is torch.float64; model head declares TYPE_FP32" in result.message
+    assert (result.code, result.reason) == ("INTERNAL", "colour")
+    assert "colour returned probs as FP64; its config.pbtxt declares TYPE_FP32" in result.message
     assert "features" not in fed  # head was never called

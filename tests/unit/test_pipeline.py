@@ -42,15 +42,19 @@ def logits_for(batch: np.ndarray) -> np.ndarray:
 class Classifier:
     """The child models: records every child call; can fail one model and take it down."""
 
-    def __init__(self, ready: set[str], fail: dict[str, bool] | None = None, logits=logits_for):
+    def __init__(self, ready: set[str], fail: dict[str, bool] | None = None, logits=logits_for,
+                 errors: dict[str, ChildCallError] | None = None):
         self.ready = ready
         self.fail = fail or {}  # model -> does it go un-ready when it fails?
+        self.errors = errors or {}  # model -> the error it answers with (staying READY)
         self.logits = logits
         self.calls: list[tuple[str, np.ndarray]] = []
 
     def __call__(self, model: str, batch: np.ndarray) -> np.ndarray:
         assert batch.dtype == np.float32 and batch.flags.c_contiguous
         self.calls.append((model, batch.copy()))
+        if model in self.errors:
+            raise self.errors[model]
         if model in self.fail:
             if self.fail[model]:
                 self.ready.discard(model)
@@ -208,7 +212,7 @@ def test_bad_image_fails_only_its_request(make_pipeline):
     assert classifier.batch_sizes == [2]  # the failed request's good images are not classified
     probs = expected_probs([IMAGES[0], IMAGES[3]])
     assert [results[0].class_ids[0, 0], results[2].class_ids[0, 0]] == probs.argmax(axis=1).tolist()
-    assert timings.rejected == {"unsupported_format": 1}
+    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1}
 
 
 def test_first_bad_image_is_the_one_named(make_pipeline):
@@ -319,25 +323,41 @@ def test_failure_of_a_still_ready_classifier_fails_the_requests(make_pipeline):
     assert len(results) == 3
     for r in (results[0], results[2]):
         assert isinstance(r, RequestError)
-        assert r.reason == "classifier"
+        assert (r.reason, r.code) == (PRIMARY, "INTERNAL")  # broken, not busy: the model that failed
         assert PRIMARY in r.message and "is unavailable" in r.message
-    assert results[1].reason == "unsupported_format"  # its own error is kept
-    assert timings.rejected == {"unsupported_format": 1, "classifier": 3}  # images: 2 + 1
+    assert (results[1].reason, results[1].code) == ("unsupported_format", "INVALID_ARGUMENT")  # its own error is kept
+    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 3}  # images: 2 + 1
 
 
 def test_wrong_output_shape_is_a_classifier_failure(make_pipeline):
     classifier = Classifier({PRIMARY}, logits=lambda batch: np.zeros((len(batch), 10), dtype=np.float32))
     results, _ = make_pipeline(classifier).run([ImageRequest(IMAGES[0:2])], classifier)
     assert isinstance(results[0], RequestError)
-    assert results[0].reason == "classifier"
+    assert (results[0].reason, results[0].code) == (PRIMARY, "INTERNAL")
     assert "(2, 10)" in results[0].message and "(2, 1000)" in results[0].message
+
+
+def test_wrong_output_dtype_is_a_broken_classifier(make_pipeline):
+    classifier = Classifier({PRIMARY}, logits=lambda batch: np.zeros((len(batch), 1000), dtype=np.float64))
+    results, _ = make_pipeline(classifier).run([ImageRequest(IMAGES[0:2])], classifier)
+    assert (results[0].reason, results[0].code) == (PRIMARY, "INTERNAL")
+    assert f"{PRIMARY} returned output as FP64; its config.pbtxt declares TYPE_FP32" in results[0].message
+
+
+def test_a_child_refusing_for_overload_is_unavailable_not_broken(make_pipeline):
+    classifier = Classifier({PRIMARY}, errors={PRIMARY: ChildCallError("Exceeds maximum queue size", busy=True)})
+    results, timings = make_pipeline(classifier).run([ImageRequest(IMAGES[0:2])], classifier)
+    assert (results[0].reason, results[0].code) == ("classifiers", "UNAVAILABLE")
+    assert "Exceeds maximum queue size" in results[0].message
+    assert [m for m, _ in classifier.calls] == [PRIMARY]  # not sent again
+    assert timings.rejected == {("classifiers", "UNAVAILABLE"): 2}
 
 
 def test_failover_when_every_classifier_goes_away(make_pipeline):
     classifier = Classifier({PRIMARY, SECONDARY}, fail={PRIMARY: True, SECONDARY: True})
     results, _ = make_pipeline(classifier).run([ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2])], classifier)
     assert [m for m, _ in classifier.calls] == [PRIMARY, SECONDARY]
-    assert all(isinstance(r, RequestError) and r.reason == "classifier" for r in results)
+    assert all(isinstance(r, RequestError) and (r.reason, r.code) == ("classifiers", "UNAVAILABLE") for r in results)
     assert "no classifier is ready" in results[0].message
 
 
@@ -351,9 +371,9 @@ def test_no_classifier_ready_fails_every_request(make_pipeline):
     assert len(results) == 2
     for r in results:
         assert isinstance(r, RequestError)
-        assert r.reason == "classifier"
+        assert (r.reason, r.code) == ("classifiers", "UNAVAILABLE")  # the role none was READY for
         assert PRIMARY in r.message and SECONDARY in r.message
-    assert timings.rejected == {"classifier": 3}  # counted in images: 1 + 2
+    assert timings.rejected == {("classifiers", "UNAVAILABLE"): 3}  # counted in images: 1 + 2
 
 
 # ---- (g) bad requests ----------------------------------------------------------------

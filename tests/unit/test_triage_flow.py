@@ -1,5 +1,6 @@
 """triage_bls's flow (models/triage_bls/1/flow.py) in process: image_quality's real numpy
-function, plain-Python voters."""
+function, plain-Python voters. Each test says which models are READY: an engine built in
+models/ (the main job builds some) must not take a voter's place."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def images():
 def test_unusable_images_end_early_and_the_rest_get_both_votes(images):
     first_calls, second_calls = [], []
     voters = {FIRST: voter(1, first_calls), SECOND: voter(2, second_calls)}
-    with LocalFlow(MODELS / "triage_bls", voters) as flow:
+    with LocalFlow(MODELS / "triage_bls", voters, ready={"image_quality", FIRST, SECOND}) as flow:
         prediction = flow.classify(images, topk=3)
         assert flow.calls == [("image_quality", 5), (FIRST, 3), (SECOND, 3)]  # no classifier call for the last two
     routes = prediction.routes[:, 0].tolist()
@@ -49,7 +50,7 @@ def test_unusable_images_end_early_and_the_rest_get_both_votes(images):
 
 def test_one_voter_ready_answers_alone(images):
     calls = []
-    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, calls)}) as flow:
+    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, calls)}, ready={"image_quality", FIRST}) as flow:
         prediction = flow.classify(images[:1] + images[3:])
     assert prediction.routes[:, 0].tolist() == [f"{FIRST}:alone".encode(), b"image_quality:too_dark", b"image_quality:blank"]
 
@@ -64,6 +65,6 @@ def test_without_image_quality_every_image_is_classified(images):
 
 def test_thresholds_come_from_the_config(images):
     lenient = {"min_brightness": "0", "min_contrast": "0.01"}  # night.png: brightness 0.03, contrast 0.017
-    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, [])}, parameters=lenient) as flow:
+    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, [])}, parameters=lenient, ready={"image_quality", FIRST}) as flow:
         routes = flow.classify(images[3:]).routes[:, 0].tolist()
     assert routes == [f"{FIRST}:alone".encode(), b"image_quality:blank"]  # dark is fine now; blank still ends early
