@@ -26,9 +26,17 @@ SCORES = TensorSpec("SCORES", "FP32", (-1,))
 CLASS_IDS = TensorSpec("CLASS_IDS", "INT32", (-1,))
 ROUTE = TensorSpec("ROUTE", "STRING", (1,))
 
+# Optional: each image's answer (route, labels, its own outputs, its regions) as one UTF-8
+# JSON document, for clients that read JSON rather than tensors. Written by the runtime from
+# the other outputs (runtime/answer_json.py, which gives its schema); a model that does not
+# declare it does not pay for it.
+JSON = TensorSpec("JSON", "STRING", (1,))
+
 CLASSIFY_INPUTS = (IMAGE, TOPK)
-CLASSIFY_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)
-STANDARD_OUTPUTS = tuple(t.name for t in CLASSIFY_OUTPUTS)  # every flow model's, filled by the runtime
+CLASSIFY_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)  # every flow model's
+# The outputs the runtime fills, never answer.output(): the four every flow model declares,
+# and JSON, which it may declare.
+STANDARD_OUTPUTS = tuple(t.name for t in CLASSIFY_OUTPUTS) + (JSON.name,)
 
 # A flow model that answers regions (answer.attach) declares those of these it sends. Per
 # image, a variable number of regions R: a request's images are padded to the most regions

@@ -22,10 +22,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contract import REGION_OUTPUTS, STANDARD_OUTPUTS
+from ..contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
 from .answer import Answer
+from .answer_json import add_documents
 from .batch import Batch, ChildCallError, ChildRequest, FlowError, NoModelReady, Send
 from .children import ChildModel, TensorInfo, load_child, version_folders
 from .device import Device, device_for
@@ -238,6 +239,8 @@ class FlowRuntime:
                 outputs.update(self._region_outputs(rows, regions, table.k))
             results[r] = Prediction(table.labels, table.scores, table.class_ids, route,
                                     {n: v for n, v in outputs.items() if n in self.declared})
+        if JSON.name in self.declared:  # each image's answer as one JSON document, from these outputs
+            add_documents(results, self.declared, {name for part in attached for name in part.outputs})
 
     def _region_outputs(self, rows: np.ndarray, regions: list, k: int) -> dict[str, np.ndarray]:
         """One request's REGION_* outputs and the regions answers' own outputs: per image, its
