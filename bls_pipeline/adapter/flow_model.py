@@ -69,7 +69,7 @@ def flow_model(pb_utils: Any) -> type:
             return responses
 
         def finalize(self):
-            self.metrics.flush()
+            self.metrics.close()
             self.runtime.close()
             self.transport.close()
             if self.runtime.shadow is not None:

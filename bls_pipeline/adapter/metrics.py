@@ -18,17 +18,22 @@
     bls_shadow_score_diff_total{stable,candidate,le}   rows whose stable top-1 probability moved
                                                        by at most le (cumulative, as a histogram)
     bls_shadow_seconds_total{stable,candidate,side}    seconds of the compared calls, each side
+    bls_server_restarts                  (gauge) how often bls-serve restarted this server after
+                                         it died on its own (its BLS_SERVER_RESTARTS), at load
 
 Only users' requests are counted: the adapter leaves the watchdog's probes out.
 
 Every series also carries model and instance labels (one series per model instance).
-Each Metric.increment is a round trip to the Triton process, so counts accumulate here
-and go out at most every `flush_s` (and at finalize): the endpoint lags by up to that
-much, and execute() stays ~2 ms faster at concurrency 1.
+Each Metric.increment is a round trip to the Triton process, so execute() only adds its
+counts up here; a thread of this instance sends them at most every `flush_s` (0.25 s)
+after the execute() that made them, traffic or not, and at finalize. The endpoint is
+never more than about `flush_s` behind, and execute() pays no round trip.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Any
 
@@ -53,21 +58,39 @@ _FAMILIES = {
 }
 
 
+# Set by bls-serve in tritonserver's environment (and so its stubs'): how often it restarted it.
+RESTARTS_ENV = "BLS_SERVER_RESTARTS"
+
+
 class FlowMetrics:
-    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.5):
+    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.25):
         family = pb_utils.MetricFamily
         self._labels = {"model": model, "instance": instance}
         self._families = {key: family(name=name, description=text, kind=family.COUNTER) for key, (name, text) in _FAMILIES.items()}
         self._metrics: dict[tuple, Any] = {}
         self._pending: dict[tuple, float] = {}
         self._flush_s = flush_s
-        self._flushed_at = time.monotonic()
+        self._lock = threading.Lock()  # _pending: added to by execute(), taken by the flusher
+        self._sending = threading.Lock()  # one flush at a time (the flusher's, finalize's)
+        self._due = threading.Event()  # something is pending
+        self._closing = threading.Event()
+        self._restarts = family(name="bls_server_restarts", kind=family.GAUGE,
+                                description="Times bls-serve restarted tritonserver after it died on its own")
+        self._restarts_metric = self._restarts.Metric(labels=self._labels)
+        self._restarts_metric.set(_restarts())
+        self._flusher = threading.Thread(target=self._flush_when_due, name="bls-metrics", daemon=True)
+        self._flusher.start()
 
     def _add(self, family: str, value: float, **labels: str) -> None:
         key = (family, *sorted(labels.items()))
         self._pending[key] = self._pending.get(key, 0.0) + value
 
     def record(self, timings: Any) -> None:
+        with self._lock:
+            self._record(timings)
+        self._due.set()
+
+    def _record(self, timings: Any) -> None:
         self._add("executions", 1)
         self._add("seconds", timings.decode_preprocess, stage="decode_preprocess")
         self._add("seconds", timings.classify, stage="classify")
@@ -90,14 +113,39 @@ class FlowMetrics:
                 self._add("shadow_diff", n, le="+Inf" if bound == float("inf") else f"{bound:g}", **pair)
             self._add("shadow_seconds", st.stable_seconds, side="stable", **pair)
             self._add("shadow_seconds", st.candidate_seconds, side="candidate", **pair)
-        if time.monotonic() - self._flushed_at >= self._flush_s:
+
+    def _flush_when_due(self) -> None:
+        """The flusher: once something is pending, wait out the rest of flush_s since the last
+        flush (so a busy instance sends at most every flush_s), then send it."""
+        last = time.monotonic()
+        while not self._closing.is_set():
+            self._due.wait()
+            if self._closing.wait(max(0.0, last + self._flush_s - time.monotonic())):
+                return  # close() sends what is left
+            last = time.monotonic()
             self.flush()
 
     def flush(self) -> None:
-        for key, value in self._pending.items():
-            if key not in self._metrics:
-                family, *labels = key
-                self._metrics[key] = self._families[family].Metric(labels={**self._labels, **dict(labels)})
-            self._metrics[key].increment(value)
-        self._pending.clear()
-        self._flushed_at = time.monotonic()
+        with self._sending:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+                self._due.clear()
+            for key, value in pending.items():
+                if key not in self._metrics:
+                    family, *labels = key
+                    self._metrics[key] = self._families[family].Metric(labels={**self._labels, **dict(labels)})
+                self._metrics[key].increment(value)
+
+    def close(self) -> None:
+        """Stop the flusher and send what is pending (finalize)."""
+        self._closing.set()
+        self._due.set()
+        self._flusher.join(timeout=5)
+        self.flush()
+
+
+def _restarts() -> int:
+    try:
+        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
+    except ValueError:
+        return 0
