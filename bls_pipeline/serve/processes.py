@@ -1,30 +1,112 @@
 """A running tritonserver's python stubs, found in its process group by the model instance
-each one serves (the watchdog, bls-footprint and the soak test look at them)."""
+each one serves (the watchdog, the launcher's stop, bls-footprint and the soak test look at
+them), and the reaping of what a killed or crashed tritonserver leaves.
+
+A stub is tritonserver's child. On Triton 2.51 only the unload of the model copy it serves
+reaps it: a stub that died (killed, OOM) while its copy is loaded stays a zombie, with no
+command line left to name its instance. When tritonserver itself dies, its stubs go to the
+nearest child subreaper: bls-serve (become_subreaper), else init."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["stub_instances"]
+__all__ = ["Stubs", "become_subreaper", "is_subreaper", "reap_group", "stub_instances", "stubs"]
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2), Linux
 
 _STUB = b"triton_python_backend_stub"
+_STUB_COMM = _STUB.decode()[:15]  # the kernel keeps 15 characters of a process's name
 _INSTANCE_ARG = 8  # the stub's argv: ..., then the model instance name ("classify_bls_0_1")
 
 
-def stub_instances(pgid: int) -> dict[int, str]:
-    """pid -> model instance of every live (not zombie) python stub in process group `pgid`
-    (tritonserver's pid: the launcher starts it as a group leader)."""
-    stubs = {}
+@dataclass(frozen=True)
+class Stubs:
+    live: dict[int, str]  # pid -> model instance ("classify_bls_0_1")
+    dead: frozenset[int]  # pids of stubs that died and that Triton has not reaped (zombies)
+
+
+def stubs(pgid: int) -> Stubs:
+    """The python stubs in process group `pgid` (tritonserver's pid: the launcher starts it
+    as a group leader), live and dead."""
+    live, dead = {}, set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
+            comm, rest = (proc / "stat").read_text().rsplit(")", 1)
+            state, ppid, group = rest.split()[:3]
+            if int(group) != pgid or int(ppid) != pgid:  # tritonserver's own children only
+                continue
+            if state == "Z":
+                if comm.split("(", 1)[1] == _STUB_COMM:
+                    dead.add(int(proc.name))
                 continue
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
         if argv[0].endswith(_STUB) and len(argv) > _INSTANCE_ARG:
-            stubs[int(proc.name)] = argv[_INSTANCE_ARG].decode()
-    return stubs
+            live[int(proc.name)] = argv[_INSTANCE_ARG].decode()
+    return Stubs(live, frozenset(dead))
+
+
+def stub_instances(pgid: int) -> dict[int, str]:
+    """pid -> model instance of every live (not zombie) python stub in process group `pgid`."""
+    return stubs(pgid).live
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux): the python stubs of
+    a tritonserver that died or was killed become its children, for reap_group, instead of
+    init's (which reaps them when it gets to it, and not at all when this process is a
+    container's PID 1). False where the kernel refuses."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(flag)) == 0 and flag.value == 1
+
+
+def reap_group(pgid: int, timeout_s: float) -> list[int]:
+    """Reap the processes of group `pgid` that are this process's children (a killed
+    tritonserver's stubs, once this process is their subreaper) until none is left; the
+    pids still there after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members = _group(pgid)
+        for pid, ppid in members.items():
+            if ppid == os.getpid():
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not members or time.monotonic() > deadline:
+            return sorted(members)
+        time.sleep(0.02)
+
+
+def _group(pgid: int) -> dict[int, int]:
+    """pid -> parent pid of every process in group `pgid`."""
+    members = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid, group = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1:3]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(group) == pgid:
+                members[int(proc.name)] = int(ppid)
+    return members
+
+
+def _prctl(option: int, arg: int) -> int:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        return -1

@@ -2,17 +2,22 @@
 
 Triton 2.51 never restarts a python-backend stub that was killed (OOM killer, SIGKILL):
 the model stays READY in every health API while each request fails with "Stub process
-'<model>_<i>_<j>' is not healthy". Every `interval_s` the watchdog looks for each python
-model's stub processes in the server's process group (one per instance, named by the
-instance in their command line): a model with some instances alive and one gone has lost
-a stub. It also sends each python model a small real inference, which catches a model
-whose only stub died (models are probed in the order given: called models first). Either
-way it reloads that model (the server's `reload_model`: a fresh copy loaded while the old
-one serves), logging loudly. Probe timeouts (a busy server) never trigger a reload. (One
-probe alone would reach the dead instance of a model with several only when Triton
-happened to schedule it there.) Probes carry the request parameter `bls_probe: true`: flow
-models answer them apart from users' requests and leave them out of their bls_* metrics
-(Triton's own nv_inference_* counters still count them).
+'<model>_<i>_<j>' is not healthy". Worse, a model copy that gets a request after its stub
+died can never unload (the request's response factory is never freed), and tritonserver
+can then not exit cleanly. So the watchdog looks first at the processes: every
+`interval_s`, before each of its probes, it reads the python stubs in the server's process
+group (processes.py) and remembers which instance each one serves. A stub of a READY model
+that is now a zombie (Triton reaps a stub only when it unloads its copy) or gone, with no
+live stub serving its instance, has died: the watchdog reloads that model at once (the
+server's `reload_model`: a fresh copy loaded while the old one serves), logging loudly,
+before its probe could reach the dead stub. A stub killed while no request (a probe
+included) was in it then leaves nothing behind.
+
+Then it sends each python model a small real inference (called models first), which
+catches a stub that is alive but not healthy, and anything the processes cannot show.
+Probe timeouts (a busy server) never trigger a reload. Probes carry the request parameter
+`bls_probe: true`: flow models answer them apart from users' requests and leave them out
+of their bls_* metrics (Triton's own nv_inference_* counters still count them).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from ..contract import PROBE_PARAMETER
-from .processes import stub_instances
+from .processes import stubs
 
 __all__ = ["Recovery", "Watchdog", "dead_stub_model"]
 
@@ -96,33 +101,59 @@ class Watchdog(threading.Thread):
         self._probes = {name: _probe_inputs(tc, cfg) for name, cfg in configs.items()}
         self._instances = {name: instance_names(name, cfg) for name, cfg in configs.items()}
         self._pgid = pgid
+        self._seen: dict[int, str] = {}  # pid -> instance of every stub seen alive, until it is gone
         self._reload = reload
         self._interval = interval_s
         self._halt = threading.Event()
         self.recoveries: list[Recovery] = []
+        self.rounds = 0  # rounds of looks and probes completed (a test waits for one to end)
+        if pgid is not None:
+            self._dead_stubs()  # the stubs as they start: each one's instance is known before it can die
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=30)
         self._client.close()
 
+    def instance_of(self, pid: int) -> str | None:
+        """The instance a stub served when last seen alive (None: never seen)."""
+        return self._seen.get(pid)
+
     def run(self) -> None:
         while not self._halt.wait(self._interval):
-            for model in self._lost_stubs():
-                self._recover(model)
             for model, inputs in self._probes.items():
+                for dead in self._dead_stubs():  # before each probe: a probe into a dead stub would leave its copy stuck
+                    self._recover(dead)
                 if self._halt.is_set():
                     return
                 dead = self._probe(model, inputs)
                 if dead is not None:
                     self._recover(dead)
+            self.rounds += 1
 
-    def _lost_stubs(self) -> list[str]:
-        """Models with some stub processes alive and some gone (all gone: the probe finds it)."""
+    def _dead_stubs(self) -> list[str]:
+        """READY models with a stub that died: one seen alive is now a zombie or gone (or a
+        zombie never seen alive), and no live stub serves its instance. A model being
+        unloaded is not READY; one being reloaded has the fresh copy's stubs alive."""
         if self._pgid is None:
             return []
-        alive = set(stub_instances(self._pgid).values())
-        return [m for m, names in self._instances.items() if names & alive and names - alive]
+        now = stubs(self._pgid)
+        self._seen.update(now.live)
+        alive = set(now.live.values())
+        lost = [pid for pid in self._seen if pid not in now.live]
+        suspects = {self._seen[pid] for pid in lost} - alive
+        if now.dead - self._seen.keys():  # died before it was first seen: which instance has no live stub
+            suspects |= set().union(*self._instances.values()) - alive
+        for pid in lost:
+            if pid not in now.dead:  # reaped: its copy was unloaded; forgotten after this look
+                del self._seen[pid]
+        return [m for m, names in self._instances.items() if names & suspects and self._is_ready(m)]
+
+    def _is_ready(self, model: str) -> bool:
+        try:
+            return self._client.is_model_ready(model)
+        except Exception:  # noqa: BLE001 - a server that does not answer has no model to reload
+            return False
 
     def _probe(self, model: str, inputs: list) -> str | None:
         try:

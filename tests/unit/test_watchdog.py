@@ -1,13 +1,20 @@
-"""The watchdog's pure parts: which model a dead-stub error names, and its probe request."""
+"""The watchdog's own parts: which model a dead-stub error names, its probe request, and how
+it tells a dead stub from the processes (a real zombie in a stand-in process group)."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as tc
 
 from bls_pipeline.runtime.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
-from bls_pipeline.serve.processes import stub_instances
+from bls_pipeline.serve.processes import Stubs, stub_instances, stubs
 from bls_pipeline.serve.watchdog import Watchdog, _probe_inputs, dead_stub_model, instance_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -36,17 +43,120 @@ def test_instance_names_follow_the_config():
     assert instance_names("resnet50_onnx", parse_config(MODELS / "resnet50_onnx")) == {"resnet50_onnx_0_0"}
 
 
-def test_a_model_with_one_of_its_stubs_gone_is_lost(monkeypatch):
+class Processes:
+    """What the watchdog reads from /proc, set by the test, and which models Triton says are READY."""
+
+    def __init__(self, monkeypatch, dog: Watchdog, ready: set[str]):
+        self.now = Stubs({}, frozenset())
+        monkeypatch.setattr(watchdog, "stubs", lambda pgid: self.now)
+        dog._is_ready = lambda model: model in ready
+
+    def set(self, live: dict[int, str], dead: tuple[int, ...] = ()) -> None:
+        self.now = Stubs(live, frozenset(dead))
+
+
+@pytest.fixture
+def dog(monkeypatch):
     configs = {m: parse_config(MODELS / m) for m in ("classify_bls", "resnet50_onnx")}
-    dog = Watchdog("127.0.0.1:1", configs, reload=lambda m: None, pgid=12345)
-    monkeypatch.setattr(watchdog, "stub_instances", lambda pgid: {11: "classify_bls_0_1", 12: "resnet50_onnx_0_0"})
-    assert dog._lost_stubs() == ["classify_bls"]
-    monkeypatch.setattr(watchdog, "stub_instances", lambda pgid: {11: "classify_bls_0_0", 12: "classify_bls_0_1"})
-    assert dog._lost_stubs() == []  # resnet50_onnx's only stub gone: left to the inference probe
+    dog = Watchdog("127.0.0.1:1", configs, reload=lambda m: None, pgid=None)
+    dog._pgid = 12345  # the stand-in processes below, looked at from here on
+    yield dog
     dog._client.close()
 
 
-def test_stub_instances_of_a_group_with_none_is_empty():
-    import os
+START = {11: "classify_bls_0_0", 12: "classify_bls_0_1", 13: "resnet50_onnx_0_0"}
 
+
+def test_a_stub_that_became_a_zombie_is_dead_until_a_fresh_copy_serves_its_instance(dog, monkeypatch):
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+    assert dog._dead_stubs() == []
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dead=(13,))  # resnet50_onnx's only stub killed
+    assert dog._dead_stubs() == ["resnet50_onnx"] and dog.instance_of(13) == "resnet50_onnx_0_0"
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"}, dead=(13,))  # reloaded; old copy stuck
+    assert dog._dead_stubs() == []
+    assert dog.instance_of(13) == "resnet50_onnx_0_0"  # kept while a zombie: the stop names it
+
+
+def test_one_dead_stub_of_a_two_instance_model(dog, monkeypatch):
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+    dog._dead_stubs()
+    procs.set({12: "classify_bls_0_1", 13: "resnet50_onnx_0_0"}, dead=(11,))
+    assert dog._dead_stubs() == ["classify_bls"]
+
+
+def test_stubs_of_an_unloaded_model_are_not_dead(dog, monkeypatch):
+    """Unloaded through the repository API: its stubs are reaped and Triton does not call it
+    READY; they are forgotten, so loading it again later is no death either."""
+    procs = Processes(monkeypatch, dog, ready={"classify_bls"})
+    procs.set(START)
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"})
+    assert dog._dead_stubs() == [] and dog.instance_of(13) is None
+
+
+def test_a_stub_that_is_gone_while_its_model_is_ready_is_dead(dog, monkeypatch):
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"})
+    assert dog._dead_stubs() == ["resnet50_onnx"]
+
+
+def test_a_reload_swapping_copies_is_no_death(dog, monkeypatch):
+    """The old copy's stubs go once the fresh copy's, of the same instances, serve."""
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 13: "resnet50_onnx_0_0", 14: "resnet50_onnx_0_0"})
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"})
+    assert dog._dead_stubs() == []
+
+
+def test_a_zombie_never_seen_alive_is_the_instance_with_no_live_stub(dog, monkeypatch):
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dead=(99,))  # died between two looks
+    assert dog._dead_stubs() == ["resnet50_onnx"] and dog.instance_of(99) is None
+
+
+def test_stub_instances_of_a_group_with_none_is_empty():
     assert stub_instances(os.getpgrp()) == {}  # pytest's own group runs no stub
+
+
+def test_stubs_reads_live_and_dead_stubs_of_a_real_group(tmp_path):
+    """A stand-in tritonserver (a group leader) starts two processes named and called as
+    python stubs are, then kills one without reaping it: a zombie, as Triton 2.51 leaves a
+    killed stub until the copy it served unloads."""
+    stub = tmp_path / "triton_python_backend_stub"
+    stub.symlink_to(sys.executable)
+    leader = (
+        "import os, signal, subprocess, sys, time\n"
+        f"stub = {str(stub)!r}\n"
+        "kids = [subprocess.Popen([stub, '-c', 'import time; time.sleep(60)', 'model.py', 'shm', '1', '1', '0', name])"
+        " for name in ('m_0_0', 'm_0_1')]\n"
+        "print(kids[0].pid, kids[1].pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "os.kill(kids[0].pid, signal.SIGKILL)\n"  # not waited for: it stays a zombie
+        "print('killed', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", leader], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        first, second = map(int, proc.stdout.readline().split())
+        deadline = time.monotonic() + 30
+        while stubs(proc.pid).live != {first: "m_0_0", second: "m_0_1"}:  # until both have exec'd
+            assert time.monotonic() < deadline, stubs(proc.pid)
+            time.sleep(0.05)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "killed\n"
+        deadline = time.monotonic() + 30
+        while stubs(proc.pid) != Stubs({second: "m_0_1"}, frozenset({first})):
+            assert time.monotonic() < deadline, stubs(proc.pid)
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
