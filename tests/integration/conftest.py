@@ -73,7 +73,65 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
     _variant(repo, "classify_bls", "classify_bls_one_instance",
              {"cascade_classifiers": "none", "classifiers": "resnet50_onnx", "tta_threshold": "0"},
              instances=1, queue_delay_us=100_000)
+    _status_models(repo)
     return repo
+
+
+# ---- what the status-code tests need (test_status_codes.py): broken parts, a missing one ------
+_BROKEN_CHILDREN = '''"""Children that break their config's contract (tests only)."""
+import numpy as np
+
+
+def wrong_shape(inputs):
+    return {"output": np.zeros((len(inputs["input"]), 10), np.float32)}
+
+
+def wrong_dtype(inputs):
+    return {"output": np.zeros((len(inputs["input"]), 1000), np.float64)}
+'''
+_RAISING_FLOW = '''"""A flow with a bug: it raises on a batch of two or more images (the load check sends one)."""
+from bls_pipeline.flow import Answer, Batch, Candidates, Settings
+
+
+class RaisingSettings(Settings):
+    classifiers: Candidates = "resnet50_onnx"
+
+
+def flow(batch: Batch, settings: RaisingSettings) -> Answer:
+    answer = batch.answer().set(batch.classify(settings.classifiers), "ok")
+    if len(batch) >= 2:
+        raise KeyError("/secret/path")
+    return answer
+'''
+
+
+def _status_models(repo: Path) -> None:
+    """Two python classifiers that break their contract (a wrong output shape, a wrong dtype),
+    a flow on each, a flow whose only classifier is never loaded here, a flow that raises,
+    and read_text allowing one region per image."""
+    for name, fn in (("broken_shape", "wrong_shape"), ("broken_dtype", "wrong_dtype")):
+        folder = repo / name
+        (folder / "1").mkdir(parents=True)
+        shutil.copy(repo / "image_quality" / "1" / "model.py", folder / "1" / "model.py")
+        (folder / "1" / "broken.py").write_text(_BROKEN_CHILDREN)
+        shutil.copy(repo / "resnet50_onnx" / "labels.txt", folder / "labels.txt")
+        (folder / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+            'input [ { name: "input", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] } ]\n'
+            'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" } ]\n'
+            'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
+            f'parameters {{ key: "function", value: {{ string_value: "broken.py:{fn}" }} }}\n')
+        _variant(repo, "classify_bls", f"classify_bls_{name}", {"cascade_classifiers": "none", "classifiers": name,
+                                                                  "tta_threshold": "0"}, instances=1)
+    _variant(repo, "classify_bls", "classify_bls_unready", {"cascade_classifiers": "none", "classifiers": "resnet50_trt"},
+             instances=1)
+    _variant(repo, "classify_bls", "raising_flow", {"classifiers": "resnet50_onnx"}, instances=1)
+    config = text_format.Parse((repo / "raising_flow" / "config.pbtxt").read_text(), ModelConfig())
+    for key in ("cascade_classifiers", "cascade_threshold", "tta_threshold"):  # RaisingSettings has classifiers alone
+        del config.parameters[key]
+    (repo / "raising_flow" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    (repo / "raising_flow" / "1" / "flow.py").write_text(_RAISING_FLOW)
+    _variant(repo, "read_text", "read_text_one_region", {"max_regions_per_image": "1"})
 
 
 def start_server(repo: Path, log_dir: Path, **kwargs) -> TritonServer:
