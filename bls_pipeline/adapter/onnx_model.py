@@ -4,19 +4,19 @@
     from bls_pipeline.adapter import onnx_model
     TritonPythonModel = onnx_model(pb_utils)
 
-The ONNX file is the `artifact` parameter's, in the version folder; tensor names come
-from the model's own config.pbtxt and are checked against the file at load.
+The ONNX file is the `artifact` parameter's, in the version folder; its inputs and outputs
+(names, data types, dims) are checked against the model's own config.pbtxt at load.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from ..runtime import hooks
+from ..runtime.artifact_io import Declared
 from ..runtime.onnx import OnnxModel
 from .glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
 
@@ -24,28 +24,28 @@ __all__ = ["onnx_model"]
 
 
 def onnx_model(pb_utils: Any) -> type:
-    def load(path: Path, inputs: list[str], outputs: list[str], params: dict[str, str]) -> OnnxModel:
-        return OnnxModel(path, inputs, outputs, intra_op_threads=int(params.get("intra_op_threads", "0")),
+    def load(path: Path, declared: Declared, params: dict[str, str]) -> OnnxModel:
+        return OnnxModel(path, *declared.names, intra_op_threads=int(params.get("intra_op_threads", "0")),
                          allow_spinning=params.get("allow_spinning", "0") == "1",
                          memory_arena=params.get("memory_arena", "1") == "1",
-                         prepacking=params.get("prepack_weights", "1") == "1")
+                         prepacking=params.get("prepack_weights", "1") == "1", declared=declared)
 
     return batch_model(pb_utils, load, "onnxruntime")
 
 
-def batch_model(pb_utils: Any, load: Callable[[Path, list[str], list[str], dict[str, str]], Any], stage: str) -> type:
-    """A Triton model that runs `load(artifact path, inputs, outputs, parameters)`'s `run`
-    once per execute() batch (the CPU engines: onnxruntime here, OpenVINO in openvino_model)."""
+def batch_model(pb_utils: Any, load: Callable[[Path, Declared, dict[str, str]], Any], stage: str) -> type:
+    """A Triton model that runs `load(artifact path, its config's tensors, parameters)`'s
+    `run` once per execute() batch (the CPU engines: onnxruntime here, OpenVINO in
+    openvino_model). The engine compares its file with the config at load: a difference
+    fails the load, naming the tensor and both sides."""
 
     class TritonPythonModel:
         def initialize(self, args):
             bridge_logging(pb_utils)
             params = model_parameters(args)
-            config = json.loads(args["model_config"])
-            self.inputs = [t["name"] for t in config["input"]]
-            self.outputs = [t["name"] for t in config["output"]]
-            self.model = load(Path(args["model_repository"]) / args["model_version"] / params["artifact"], self.inputs,
-                              self.outputs, params)
+            declared = Declared.from_json(args["model_config"])
+            self.inputs, self.outputs = declared.names
+            self.model = load(Path(args["model_repository"]) / args["model_version"] / params["artifact"], declared, params)
             freeze_startup_objects()
 
         def execute(self, requests):

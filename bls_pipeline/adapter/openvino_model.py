@@ -5,7 +5,8 @@
     TritonPythonModel = openvino_model(pb_utils)
 
 The IR (model.xml, with model.bin beside it) is the `artifact` parameter's, in the version
-folder; tensor names come from the model's own config.pbtxt and are checked at load.
+folder; its inputs and outputs (names, data types, dims) are checked against the model's
+own config.pbtxt at load.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..runtime.artifact_io import Declared
 from ..runtime.onnx import OpenVinoModel
 from .onnx_model import batch_model
 
@@ -20,8 +22,8 @@ __all__ = ["openvino_model"]
 
 
 def openvino_model(pb_utils: Any) -> type:
-    def load(path: Path, inputs: list[str], outputs: list[str], params: dict[str, str]) -> OpenVinoModel:
-        return OpenVinoModel(path, inputs, outputs, threads=int(params.get("inference_threads", "0")),
-                             precision=params.get("inference_precision", ""))
+    def load(path: Path, declared: Declared, params: dict[str, str]) -> OpenVinoModel:
+        return OpenVinoModel(path, *declared.names, threads=int(params.get("inference_threads", "0")),
+                             precision=params.get("inference_precision", ""), declared=declared)
 
     return batch_model(pb_utils, load, "openvino")

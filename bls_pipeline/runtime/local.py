@@ -3,8 +3,9 @@
 The same flow.py, the same settings from its config.pbtxt (overridable), the same child
 configs from the sibling folders and the same runtime as inside Triton. Only the child
 calls differ: a child runs as the Python function you pass for it, else as the numpy
-function its `function` parameter names, else by onnxruntime on the ONNX file its folder
-holds (its `artifact` parameter), else it is not READY.
+function its `function` parameter names, else by onnxruntime or OpenVINO on the engine
+file its folder holds (its `artifact` parameter: an ONNX file or an OpenVINO IR, checked
+against its config.pbtxt when the LocalFlow is made), else it is not READY.
 
     flow = LocalFlow("models/classify_bls", models={"resnet50_onnx": my_fake_resnet})
     prediction = flow.classify([jpeg_bytes])
@@ -61,6 +62,12 @@ class LocalFlow:
         params = {**string_parameters(parse_config(model_dir)), **(parameters or {})}
         self.runtime = FlowRuntime.load(model_dir, params, self.is_ready, check=check)
         self.runtime.details = "LocalFlow: the exception is the RequestError's cause, and RequestFailed's __cause__"
+        # Each READY child run from its engine file opens it now, as Triton would load it: a
+        # file whose inputs or outputs differ from its config.pbtxt fails here, naming both sides.
+        for model in self.runtime.children:
+            if model not in self._functions and self.is_ready(model) and (runner := self._runner(model)) is not None \
+                    and runner[1] != "function":
+                self._session(model)
 
     def __enter__(self) -> "LocalFlow":
         return self
@@ -102,7 +109,9 @@ class LocalFlow:
         if FUNCTION_PARAMETER in params:
             return config, "function", params[FUNCTION_PARAMETER]
         path = model_dir / "1" / params.get("artifact", "")
-        return (config, "onnx", path) if path.suffix == ".onnx" and path.is_file() else None
+        if not path.is_file():
+            return None
+        return (config, path.suffix[1:], path) if path.suffix in (".onnx", ".xml") else None
 
     def _run_child(self, req: ChildRequest) -> Mapping[str, np.ndarray] | ChildCallError:
         data = next(iter(req.inputs.values()))
@@ -126,16 +135,19 @@ class LocalFlow:
         if model not in self._sessions:
             runner = self._runner(model)
             if runner is None:
-                raise ChildCallError(f"{model} has no function and no ONNX file here")
+                raise ChildCallError(f"{model} has no function and no ONNX or OpenVINO file here: give LocalFlow "
+                                     f"models={{{model!r}: ...}}", model=model)
             config, kind, what = runner
             if kind == "function":
                 fn = load_function(self._repo / model / "1", what)
                 self._sessions[model] = lambda inputs, outputs: {k: v for k, v in fn(inputs).items() if k in outputs}
             else:
-                from .onnx import OnnxModel
+                from .artifact_io import Declared
+                from .onnx import OnnxModel, OpenVinoModel
 
-                session = OnnxModel(what, [t.name for t in config.input], [t.name for t in config.output])
-                self._sessions[model] = session.run
+                declared = Declared.from_config(model, config)  # a file unlike its config fails here, as in Triton
+                engine = OnnxModel if kind == "onnx" else OpenVinoModel
+                self._sessions[model] = engine(what, *declared.names, declared=declared).run
         return self._sessions[model]
 
     def _send(self, requests: Sequence[ChildRequest]) -> list:

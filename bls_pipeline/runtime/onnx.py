@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .artifact_io import Declared, onnx_tensors, openvino_tensors
+
 __all__ = ["OnnxModel", "OpenVinoModel"]
 
 log = logging.getLogger(__name__)
@@ -21,10 +23,13 @@ class OnnxModel:
 
     `inputs` and `outputs` are the tensor names the model's config.pbtxt declares; the
     ONNX file must have exactly these, so a renamed tensor fails the load, not a request.
+    `declared`: the whole config side (artifact_io.Declared), to compare data types and
+    dims as well.
     """
 
     def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], intra_op_threads: int = 0,
-                 allow_spinning: bool = False, memory_arena: bool = True, prepacking: bool = True):
+                 allow_spinning: bool = False, memory_arena: bool = True, prepacking: bool = True,
+                 declared: Declared | None = None):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -50,6 +55,9 @@ class OnnxModel:
         # it lies, beside its model.onnx.data.
         real = os.path.realpath(model_path)
         self._session = ort.InferenceSession(real, sess_options=opts, providers=["CPUExecutionProvider"])
+        if declared is not None:  # names, data types and dims
+            declared.check(Path(model_path).name, onnx_tensors(self._session.get_inputs()),
+                           onnx_tensors(self._session.get_outputs()))
         names_in = sorted(i.name for i in self._session.get_inputs())
         names_out = sorted(o.name for o in self._session.get_outputs())
         if names_in != sorted(inputs) or names_out != sorted(outputs):
@@ -72,7 +80,8 @@ class OpenVinoModel:
     (NNCF) runs its quantized layers in INT8 whatever `precision` says.
     """
 
-    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], threads: int = 0, precision: str = ""):
+    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], threads: int = 0, precision: str = "",
+                 declared: Declared | None = None):
         try:
             import openvino as ov
         except ImportError as exc:
@@ -83,6 +92,8 @@ class OpenVinoModel:
                                     "(python -m engine_build openvino --help)")
         core = ov.Core()
         model = core.read_model(os.path.realpath(model_path))
+        if declared is not None:  # names, data types and dims
+            declared.check(model_path.name, openvino_tensors(model.inputs, inputs), openvino_tensors(model.outputs, outputs))
         names_in = sorted(n for p in model.inputs for n in p.get_names() if n in inputs) or sorted(p.get_any_name() for p in model.inputs)
         names_out = sorted(n for p in model.outputs for n in p.get_names() if n in outputs) or sorted(p.get_any_name() for p in model.outputs)
         if names_in != sorted(inputs) or names_out != sorted(outputs):
