@@ -35,24 +35,32 @@ calls concurrently. The runtime does the rest: decoding and per-image errors, ea
 model's own preprocessing (from its config.pbtxt), DLPack, chunking at max_batch_size,
 rerouting around a model that went away, top-k and labels, metrics.
 
-`LocalFlow` runs the same folder in-process, for tests. docs/extending.md is the guide.
+`LocalFlow` runs the same folder in-process, for tests: `classify(images)` sends one
+request, `run([ImageRequest(images, topk), ...])` several at once, as one execute() gets
+them, each answered by a Prediction or failed with a RequestError. docs/extending.md is the
+guide.
 """
 
-from .runtime.batch import Answer, Batch, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
+from .runtime.batch import Answer, Batch, ChildCallError, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
 from .runtime.local import LocalFlow, RequestFailed
+from .runtime.results import ImageRequest, Prediction, RequestError
 from .runtime.settings import Candidates, Probability, Settings
 
 __all__ = [
     "Answer",
     "Batch",
     "Candidates",
+    "ChildCallError",
     "Classify",
     "FlowError",
+    "ImageRequest",
     "Infer",
     "LocalFlow",
     "NoModelReady",
     "Outputs",
+    "Prediction",
     "Probability",
+    "RequestError",
     "RequestFailed",
     "Scores",
     "Settings",

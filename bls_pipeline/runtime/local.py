@@ -46,7 +46,7 @@ class LocalFlow:
     models: child functions by model name (they win over an ONNX file); "model@version" for
         a version a shadow or canary names.
     ready: which models are READY, a set or a function of the name (it may change between
-        calls, to test rerouting); default: those with a function or an ONNX file.
+        calls, to test rerouting); default: those with a function or an engine file (ONNX, OpenVINO IR).
     parameters: config.pbtxt parameters to set or override, as strings.
     """
 
