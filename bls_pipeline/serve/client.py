@@ -7,16 +7,17 @@ import json
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..contract import (BLS_MODEL, CLASS_IDS, IMAGE, LABELS, REGION_BOXES, REGION_COUNT, REGION_LABELS, REGION_OUTPUTS,
-                        REGION_ROUTE, ROUTE, SCORES, STANDARD_OUTPUTS, TOPK)
+from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, JSON, LABELS, ROUTE, SCORES, TOPK
+from ..runtime.answer_json import documents
 
-__all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "main", "tritonclient_module"]
+__all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "format_table", "main",
+           "tritonclient_module"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
@@ -33,32 +34,17 @@ def tritonclient_module(protocol: str):
 
 
 @dataclass
-class Region:
-    box: list[float]  # x0, y0, x1, y1 in the image's pixels
-    labels: list[str]  # "score:index:label", best first ([] when the flow answered it without labels)
-    route: str
-    outputs: dict[str, object]  # the flow's own per-region outputs (REGION_TEXT ...), as JSON values
-
-
-@dataclass
 class FileResult:
     path: str
-    labels: list[str] | None = None  # "score:index:label", best first
-    route: str | None = None
+    # The image's answer as the JSON output's document (runtime/answer_json.py): route,
+    # labels, scores, class_ids, the flow's own outputs, its regions. None when it failed.
+    document: dict | None = None
     error: str | None = None
-    outputs: dict[str, object] | None = None  # the flow model's own outputs for this image (NEEDS_REVIEW ...)
-    regions: list[Region] | None = None  # a region flow's regions (REGION_* outputs); None for other flows
 
-
-def _value(v) -> object:
-    """One output value as JSON: bytes decoded, arrays as lists."""
-    if isinstance(v, np.ndarray):
-        return [_value(x) for x in v.tolist()] if v.dtype != object else [_value(x) for x in v]
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "replace")
-    if isinstance(v, list):
-        return [_value(x) for x in v]
-    return v.item() if isinstance(v, np.generic) else v
+    def json_line(self) -> str:
+        """--json: the file and its document (or its error) on one line."""
+        body = {"error": self.error} if self.error is not None else (self.document or {})
+        return json.dumps({"file": self.path, **body}, ensure_ascii=False)
 
 
 class ClassifyClient:
@@ -70,19 +56,24 @@ class ClassifyClient:
         self._client = tc.InferenceServerClient(url, concurrency=concurrency) if protocol == "http" else tc.InferenceServerClient(url)
         self._tc = tc
         self.model = model
-        self._output_names: list[str] | None = None
+        self._outputs: dict[str, tuple[int, ...]] | None = None
+
+    def output_dims(self) -> dict[str, tuple[int, ...]]:
+        """Every output the model declares (the four of every flow, REGION_*, JSON, its own),
+        with its dims without the batch."""
+        if self._outputs is None:
+            meta = self._client.get_model_metadata(self.model, **({} if self._tc.__name__.endswith("http") else {"as_json": True}))
+            self._outputs = ({o["name"]: tuple(int(d) for d in o.get("shape", [-1, -1])[1:]) for o in meta.get("outputs", [])}
+                             or {LABELS.name: (-1,), SCORES.name: (-1,), CLASS_IDS.name: (-1,), ROUTE.name: (1,)})
+        return self._outputs
 
     def output_names(self) -> list[str]:
-        """Every output the model declares (the four of every flow, REGION_*, its own)."""
-        if self._output_names is None:
-            meta = self._client.get_model_metadata(self.model, **({} if self._tc.__name__.endswith("http") else {"as_json": True}))
-            self._output_names = [o["name"] for o in meta.get("outputs", [])] or [o.name for o in (LABELS, SCORES, CLASS_IDS, ROUTE)]
-        return self._output_names
+        return list(self.output_dims())
 
-    def classify(self, images: list[bytes], topk: int | None = None) -> dict[str, np.ndarray]:
-        """Send images as one request; returns every output the model declares, by name
-        (LABELS/SCORES/CLASS_IDS/ROUTE: one row per image; REGION_*: per image, padded to the
-        most regions of the request, REGION_COUNT real).
+    def classify(self, images: list[bytes], topk: int | None = None, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Send images as one request; returns the outputs named (default: every output the
+        model declares), by name (LABELS/SCORES/CLASS_IDS/ROUTE/JSON: one row per image;
+        REGION_*: per image, padded to the most regions of the request, REGION_COUNT real).
 
         Raises tritonclient's InferenceServerException with the server's message on error.
         """
@@ -93,40 +84,29 @@ class ClassifyClient:
             t = tc.InferInput(TOPK.name, [len(images), 1], "INT32")
             t.set_data_from_numpy(np.full((len(images), 1), topk, dtype=np.int32))
             inputs.append(t)
-        names = self.output_names()
+        names = outputs or self.output_names()
         result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names])
         return {name: result.as_numpy(name) for name in names}
 
+    def answers(self, images: list[bytes], topk: int | None = None) -> list[dict]:
+        """Each image's answer as a JSON document (runtime/answer_json.py): the model's JSON
+        output when it declares one (nothing else is asked for), else the same document made
+        here from its tensors."""
+        dims = self.output_dims()
+        if JSON.name in dims:
+            rows = self.classify(images, topk, outputs=[JSON.name])[JSON.name]
+            return [json.loads(row) for row in rows[:, 0]]
+        return documents(self.classify(images, topk), dims)
+
     def classify_file(self, path: Path, topk: int | None = None) -> FileResult:
         try:
-            out = self.classify([Path(path).read_bytes()], topk)
+            (document,) = self.answers([Path(path).read_bytes()], topk)
         except Exception as exc:  # noqa: BLE001 - InferenceServerException, OSError
             return FileResult(str(path), error=_message(exc))
-        return FileResult(str(path), labels=[v.decode() for v in out[LABELS.name][0]], route=out[ROUTE.name][0, 0].decode(),
-                          outputs=_own_outputs(out, 0), regions=_regions(out, 0))
+        return FileResult(str(path), document=document)
 
     def close(self) -> None:
         self._client.close()
-
-
-def _own_outputs(out: dict[str, np.ndarray], image: int) -> dict[str, object] | None:
-    own = {name: _value(value[image]) for name, value in out.items()
-           if name not in STANDARD_OUTPUTS and name not in REGION_OUTPUTS and not name.startswith("REGION_")}
-    return {name: value[0] if isinstance(value, list) and len(value) == 1 else value for name, value in own.items()} or None
-
-
-def _regions(out: dict[str, np.ndarray], image: int) -> list[Region] | None:
-    if REGION_COUNT.name not in out:
-        return None
-    count = int(out[REGION_COUNT.name][image, 0])
-    own = [name for name in out if name.startswith("REGION_") and name not in REGION_OUTPUTS]
-
-    def get(name: str, j: int):
-        return _value(out[name][image, j]) if name in out else None
-
-    return [Region(box=get(REGION_BOXES.name, j) or [], labels=[v for v in get(REGION_LABELS.name, j) or [] if v],
-                   route=get(REGION_ROUTE.name, j) or "", outputs={name: get(name, j) for name in own})
-            for j in range(count)]
 
 
 def _message(exc: Exception) -> str:
@@ -204,6 +184,8 @@ def _shown(value) -> str:
 
 
 def format_table(results: list[FileResult]) -> str:
+    """One row per label of each image (its route on the first), then the flow's own outputs
+    and the image's regions, one line each, all read from its JSON document."""
     width = max([len(Path(r.path).name) for r in results] + [4])
     lines = [f"{'file':<{width}}  {'score':>6}  {'class':<28}  route"]
     for r in results:
@@ -211,22 +193,27 @@ def format_table(results: list[FileResult]) -> str:
         if r.error:
             lines.append(f"{name:<{width}}  {'-':>6}  error: {r.error}")
             continue
-        for i, item in enumerate(r.labels or []):
-            if not item:  # a row the flow ended early: no labels, its ROUTE says why
-                if i == 0:
-                    lines.append(f"{name:<{width}}  {'-':>6}  {'(no label)':<28}  {r.route}")
-                continue
-            score, index, label = item.split(":", 2)
-            lines.append(f"{name if i == 0 else '':<{width}}  {float(score):>6.3f}  {f'{label} ({index})':<28}  {r.route if i == 0 else ''}")
-        for key, value in (r.outputs or {}).items():
+        doc = r.document or {}
+        route = doc.get("route", "")
+        top = list(zip(doc.get("labels", []), doc.get("scores", []), doc.get("class_ids", [])))
+        if not top:  # ended early by the flow: no labels, its ROUTE says why
+            lines.append(f"{name:<{width}}  {'-':>6}  {'(no label)':<28}  {route}")
+        for i, (label, score, index) in enumerate(top):
+            lines.append(f"{name if i == 0 else '':<{width}}  {_score(score, 3):>6}  {f'{label} ({index})':<28}  "
+                         f"{route if i == 0 else ''}".rstrip())
+        for key, value in (doc.get("outputs") or {}).items():
             lines.append(f"{'':<{width}}  {key}: {_shown(value)}")
-        for j, region in enumerate(r.regions or []):
-            box = ",".join(f"{v:.0f}" for v in region.box)
-            top = region.labels[0].split(":", 2) if region.labels else None
-            label = f"{top[2]} ({float(top[0]):.2f})" if top else "(no label)"
-            extra = "  ".join(f"{k}: {_shown(v)}" for k, v in region.outputs.items())
-            lines.append(f"{'':<{width}}  region {j} [{box}]  {label}  {region.route}  {extra}".rstrip())
+        for j, region in enumerate(doc.get("regions") or []):
+            box = ",".join(f"{v:.0f}" for v in region.get("box", []))
+            labels, scores = region.get("labels") or [], region.get("scores") or []
+            label = f"{labels[0]} ({_score(scores[0] if scores else None, 2)})" if labels else "(no label)"
+            extra = "  ".join(f"{k}: {_shown(v)}" for k, v in (region.get("outputs") or {}).items())
+            lines.append(f"{'':<{width}}  region {j} [{box}]  {label}  {region.get('route', '')}  {extra}".rstrip())
     return "\n".join(lines)
+
+
+def _score(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _positive(text: str) -> int:
@@ -245,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--topk", type=_positive, default=None, help="labels per image (default: the model's default_topk)")
     p.add_argument("--concurrency", type=_positive, default=8, help="requests in flight")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print each image's answer as one JSON object per line (its file, then the JSON output's "
+                        "document: route, labels, scores, class_ids, outputs, regions) instead of a table")
+    p.add_argument("--draw", metavar="DIR", type=Path, default=None,
+                   help="also write each image into DIR as PNG with its answer drawn on it: its regions' boxes and "
+                        "captions, its top label")
     args = p.parse_args(argv)
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     skipped: list[Path] = []
@@ -266,5 +258,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bls-classify: error: {problem}", file=sys.stderr)
         return 2
     results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model)
-    print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_table(results))
+    print("\n".join(r.json_line() for r in results) if args.json else format_table(results))
+    if args.draw is not None:
+        drawn = draw_results(results, args.draw)
+        print(f"bls-classify: drew {len(drawn)} image(s) into {args.draw}", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0
+
+
+def draw_results(results: list[FileResult], folder: Path) -> list[Path]:
+    """--draw: each answered image as folder/<name>.png with its answer drawn on it (a second
+    file of the same name gets -2, -3, ...); the failed ones are left out."""
+    from .draw import draw_answer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for r in results:
+        if r.document is None:
+            continue
+        stem, n = Path(r.path).stem, 1
+        while (target := folder / (f"{stem}.png" if n == 1 else f"{stem}-{n}.png")) in written:
+            n += 1
+        draw_answer(Path(r.path).read_bytes(), r.document).save(target, "PNG")
+        written.append(target)
+    return written

@@ -134,10 +134,10 @@ def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
     assert cat_or_not == {"chelsea.jpg": ("cat (1)", "cat_head:efficientnet_lite0_onnx"),
                           "mug.jpg": ("not a cat (0)", "cat_head:efficientnet_lite0_onnx")}
     assert cat_details == {"chelsea.jpg": ["NEEDS_REVIEW: True"], "mug.jpg": ["NEEDS_REVIEW: False"]}
-    # ... and over gRPC as JSON: the flow's own outputs under "outputs".
-    cat_json, sign_json = (json.loads(m.group(0)) for m in re.finditer(r"^\[\n.*?^\]$", out, re.M | re.S))
-    (answer,) = cat_json
-    assert answer["labels"][0].endswith(":1:cat") and answer["outputs"] == {"NEEDS_REVIEW": True}
+    # ... and over gRPC as JSON lines: the flow's own outputs under "outputs" (cat_or_not declares no
+    # JSON output: bls-classify makes the document from its tensors).
+    (answer,) = (json.loads(line) for line in re.findall(r'^\{"file": "samples/chelsea\.jpg".*$', out, re.M))
+    assert (answer["labels"][0], answer["class_ids"][0]) == ("cat", 1) and answer["outputs"] == {"NEEDS_REVIEW": True}
     # dominant_colour: the ONNX child on every sample, in BGR as it reads them: the sky is blue.
     assert set(colours) == {p.name for p in (repo_root / "samples").iterdir() if p.suffix in (".jpg", ".png")}
     assert {route for _, route in colours.values()} == {"colour_net:colour"}
@@ -151,10 +151,11 @@ def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
     assert first == "FLIPPED_LINES: 1" and len(lines) == 3
     assert [re.search(r"\]\s+(\S+) \(", line).group(1) for line in lines] == ["0", "0", "180"]
     # ... over gRPC: the same regions, with their boxes; and as KServe v2 JSON from curl.
-    (sign,) = sign_json
-    assert sign["outputs"] == {"FLIPPED_LINES": 1} and [r["labels"][0].split(":")[2] for r in sign["regions"]] == ["0", "0", "180"]
+    (sign,) = (json.loads(line) for line in re.findall(r'^\{"file": "samples/sign\.png".*$', out, re.M))
+    assert sign["outputs"] == {"FLIPPED_LINES": 1} and [r["labels"][0] for r in sign["regions"]] == ["0", "0", "180"]
     kserve = json.loads(re.search(r'^\{"model_name":"upside_down".*$', out, re.M).group(0))
     tensors = {t["name"]: t for t in kserve["outputs"]}
     assert tensors["REGION_COUNT"]["data"] == [3] and tensors["REGION_BOXES"]["shape"] == [1, 3, 4]
     assert tensors["REGION_BOXES"]["data"] == pytest.approx([v for r in sign["regions"] for v in r["box"]], abs=1e-3)
+    assert json.loads(tensors["JSON"]["data"][0]) == {k: v for k, v in sign.items() if k != "file"}  # its JSON output
     assert "successfully unloaded 'cat_or_not'" in out and "successfully unloaded 'dominant_colour'" in out
