@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
+
+from docblocks import REPO, commands
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +75,35 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     assert re.search(r"\]  180 \(1\.00\)  text_orientation:flipped  REGION_TEXT: FRAGILE ", read_http), read_http
     assert re.search(r"blank\.png\s+-\s+\(no label\)\s+text_detector:no_text", read_http), read_http
     assert "server stopped." in proc.stdout
+
+
+def _binary_recipe() -> str:
+    """The README's raw-bytes curl recipe: its lines from `size=` to the curl that sends them."""
+    (block,) = commands(REPO / "README.md")
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("size=$(stat"))
+    end = next(i for i in range(start, len(lines)) if "/infer" in lines[i])
+    return "\n".join(lines[start:end + 1])
+
+
+def test_the_binary_recipe_sends_a_photo_over_8_mb(server, tmp_path):
+    """The recipe with a 10 MB photo: curl's default type (application/x-www-form-urlencoded)
+    on a body over ~4.5 MB crashed Triton 2.51's HTTP server, so the recipe says octet-stream."""
+    if shutil.which("jq") is None:
+        pytest.fail("jq is not installed: the README's curl commands read their answers with it (apt-get install jq; .ci/run does)")
+    recipe = _binary_recipe()
+    assert "-H 'Content-Type: application/octet-stream'" in recipe
+    pixels = np.random.default_rng(25).integers(0, 256, size=(1800, 2400, 3), dtype=np.uint8)  # noise: JPEG cannot shrink it
+    photo = tmp_path / "noise.jpg"
+    Image.fromarray(pixels).save(photo, "JPEG", quality=95, subsampling=0)
+    assert photo.stat().st_size > 8 * 2**20
+    script = recipe.replace("samples/mug.jpg", str(photo)).replace("127.0.0.1:8000", server.http_url)
+    assert script.count(str(photo)) == 2 and server.http_url in script, script
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answer = json.loads(proc.stdout)  # jq's one line: the image's JSON document
+    assert re.fullmatch(r"\w+:\w+", answer["route"]), answer
+    assert len(answer["labels"]) == len(answer["class_ids"]) == 5  # classify_bls's default_topk
+    assert answer["scores"] == sorted(answer["scores"], reverse=True) and 0 < answer["scores"][0] <= 1
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=30) as ready:
+        assert ready.status == 200  # still serving

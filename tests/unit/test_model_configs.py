@@ -50,12 +50,21 @@ def test_config_parses_with_matching_name(model_dir):
 def test_classify_bls_contract():
     cfg = parse_config(MODELS / "classify_bls")
     _assert_tensors(cfg.input, contract.CLASSIFY_INPUTS)
-    _assert_tensors(cfg.output, contract.CLASSIFY_OUTPUTS)
+    _assert_tensors(cfg.output, (*contract.CLASSIFY_OUTPUTS, contract.JSON))
     assert cfg.HasField("dynamic_batching")
     flow = load_flow(MODELS / "classify_bls" / "1" / "flow.py")
     _, parsed = parse_settings(string_parameters(cfg), flow.settings, "classify_bls")  # raises on unknown or bad keys
     for name in parsed.models():
         assert (MODELS / name / "config.pbtxt").exists(), f"classify_bls declares {name}, which has no config"
+
+
+@pytest.mark.parametrize("name", ["classify_bls", "triage_bls", "read_text"])
+def test_the_shipped_flows_answer_json_as_the_contract_says(name):
+    """Each declares the JSON output (each image's answer as one document), last, with the
+    contract's type and dims."""
+    cfg = parse_config(MODELS / name)
+    _assert_tensors(cfg.output[:4], contract.CLASSIFY_OUTPUTS)
+    _assert_tensors(cfg.output[-1:], (contract.JSON,))
 
 
 @pytest.mark.parametrize("name", CLASSIFIERS)
