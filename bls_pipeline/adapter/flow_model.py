@@ -16,6 +16,7 @@ KIND_GPU decodes JPEGs on that instance's GPU and keeps pixels and scores there
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from .glue import bridge_logging, freeze_startup_objects, instance_count, instan
 from .metrics import FlowMetrics
 from .transport import TritonTransport
 
-__all__ = ["flow_model"]
+__all__ = ["execution_line", "flow_model"]
+
+log = logging.getLogger(__name__)
 
 
 
@@ -47,6 +50,7 @@ def flow_model(pb_utils: Any) -> type:
                 self.mirror_transport = TritonTransport(pb_utils)
                 self.runtime.mirror_send = self.mirror_transport.send
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
+            self.instance = args["model_instance_name"]
             freeze_startup_objects()
 
         def execute(self, requests):
@@ -58,10 +62,20 @@ def flow_model(pb_utils: Any) -> type:
                 part = [i for i, p in enumerate(probe) if p == is_probe]
                 if not part:
                     continue
-                answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send,
-                                                    probe=is_probe)
+                # Every child call of this run serves all of its requests: it joins the trace
+                # of the first (docs/reliability.md, "Tracing"). The trace lives as long as
+                # that request, so only calls made within this execute() may carry it.
+                self.transport.trace = requests[part[0]].trace()
+                try:
+                    answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send,
+                                                        probe=is_probe)
+                finally:
+                    self.transport.trace = None
                 if not is_probe:
                     self.metrics.record(timings)
+                if self.runtime.runtime.log_executions:
+                    log.info("%s", execution_line(self.runtime.name, self.instance, [requests[i].request_id() for i in part],
+                                                  answers, timings, probe=is_probe))
                 for i, answer in zip(part, answers):
                     results[i] = answer
             responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
@@ -76,6 +90,23 @@ def flow_model(pb_utils: Any) -> type:
                 self.mirror_transport.close()
 
     return TritonPythonModel
+
+
+def execution_line(flow: str, instance: str, request_ids: list[str], results: list, timings, probe: bool = False) -> str:
+    """One execute() as one JSON line, for joining Triton's traces and logs on request ids:
+    its requests (their ids; "#<i>" for one sent without), which of them failed, whose trace
+    the child calls joined (the first's), its stages and its children, in milliseconds."""
+    ids = [rid or f"#{i}" for i, rid in enumerate(request_ids)]
+    record = {
+        "event": "bls_execute", "flow": flow, "instance": instance, "probe": probe, "requests": ids,
+        "images": sum(len(r.routes) for r in results if isinstance(r, Prediction)),
+        "failed": {rid: r.code for rid, r in zip(ids, results) if not isinstance(r, Prediction)},
+        "child_calls_traced_with": ids[0] if ids else None,
+        "ms": {"decode_preprocess": round(timings.decode_preprocess * 1e3, 3), "flow": round(timings.classify * 1e3, 3)},
+        "children": {child: {"calls": st.calls, "images": st.images, "ms": round(st.seconds * 1e3, 3)}
+                     for child, st in timings.children.items()},
+    }
+    return json.dumps(record, separators=(",", ":"))
 
 
 def _is_probe(request) -> bool:

@@ -7,7 +7,8 @@ numpy arrays, or as CUDA tensors through DLPack; a request with `output_gpu` ask
 outputs in that GPU's memory (preferred_memory) and gets them back as torch tensors there.
 A failed call comes back as a ChildCallError with the server's message, marked
 `unavailable` when the server says the model could not take it at all (its stub died, it
-or the version asked for is unloading or gone): the runtime retries those.
+or the version asked for is unloading or gone): the runtime retries those; `busy` when it
+refused the call for overload. With `trace` set, each call is a child of that trace.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class TritonTransport:
     def __init__(self, pb_utils: Any):
         self._pb = pb_utils
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The pb_utils.InferenceTrace of the request whose trace the calls join (set by the
+        # adapter for one execute(), while that request lives), or None: not traced.
+        self.trace = None
 
     def close(self) -> None:
         if self._loop is not None:
@@ -70,6 +74,8 @@ class TritonTransport:
             options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_GPU, req.output_gpu)
         if req.version:
             options["model_version"] = int(req.version)
+        if self.trace is not None:  # Triton records this call as a child of that request's trace
+            options["trace"] = self.trace
         return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs, **options)
 
     @staticmethod

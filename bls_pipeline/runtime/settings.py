@@ -53,6 +53,9 @@ class RuntimeSettings:
     shadow: Trial | None = None
     canary: Trial | None = None
     shadow_max_in_flight: int = 2  # mirrored calls in flight per instance; past it, not mirrored
+    # One structured log line per execute() (its requests' ids, images, stage and child
+    # timings, whose trace the child calls joined): for joining Triton's traces and logs.
+    log_executions: bool = False
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -90,6 +93,13 @@ def _as_float(key: str, raw: str, lo: float = -math.inf, hi: float = math.inf) -
     return value
 
 
+def _as_bool(key: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"parameter {key}={raw!r}: write true or false")
+    return value in ("true", "1", "yes")
+
+
 def _as_names(key: str, raw: str, example: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
     if not names:
@@ -125,6 +135,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         shadow=trial("shadow", 1.0),
         canary=trial("canary", 0.0),
         shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
+        log_executions=get("log_executions", _as_bool, d.log_executions),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),
@@ -201,10 +212,7 @@ class _Field:
         if self.type is Probability:
             return Probability(_as_float(key, raw, 0.0, 1.0))
         if self.type is bool:
-            value = raw.strip().lower()
-            if value not in ("true", "false", "1", "0", "yes", "no"):
-                raise ConfigError(f"parameter {key}={raw!r}: write true or false")
-            return value in ("true", "1", "yes")
+            return _as_bool(key, raw)
         if self.type is int:
             return _as_int(key, raw)
         if self.type is float:

@@ -74,6 +74,10 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
              {"cascade_classifiers": "none", "classifiers": "resnet50_onnx", "tta_threshold": "0"},
              instances=1, queue_delay_us=100_000)
     _status_models(repo)
+    # One instance that waits 0.3 s for a batch and logs each execute(): the tracing test.
+    _variant(repo, "classify_bls", "classify_bls_traced", {"cascade_classifiers": "none", "classifiers": "resnet50_onnx",
+                                                            "tta_threshold": "0", "log_executions": "true"},
+             instances=1, queue_delay_us=300_000)
     return repo
 
 

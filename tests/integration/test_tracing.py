@@ -1,0 +1,87 @@
+"""One trace through the flow, on a real trace file written by the embedded tritonserver
+(`--trace-config triton,file=...`): the flow's child calls are children of a request's trace,
+and a batched child call, which serves every request of its execute(), joins the trace of the
+first; the execute()'s log line (`log_executions`) names every request and that one, so the
+others find it (docs/reliability.md, "Tracing")."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+pytestmark = pytest.mark.integration
+
+FLOW, CHILD = "classify_bls_traced", "resnet50_onnx"  # one instance, 0.3 s to gather a batch, logs each execute()
+
+
+def _trace_entries(folder) -> list[dict]:
+    """Every entry of every file Triton wrote (one file per trace with log-frequency=1)."""
+    entries = []
+    for path in sorted(folder.glob("trace.json*")):
+        entries += json.loads(path.read_text())
+    return entries
+
+
+def _execute_lines(log_file) -> list[dict]:
+    """The flow's bls_execute lines (JSON, quoted by Triton's log format)."""
+    lines = []
+    for line in log_file.read_text(errors="replace").splitlines():
+        m = re.search(r'"bls_pipeline\.adapter\.flow_model: (\{.*\})"$', line)
+        if m and "bls_execute" in m.group(1):
+            lines.append(json.loads(m.group(1).replace('\\"', '"')))
+    return lines
+
+
+def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_rest(model_repo, server_factory, tmp_path,
+                                                                                    sample_images):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    server = server_factory(model_repo, tmp_path, models=(FLOW,), extra_args=(
+        "--trace-config", f"triton,file={traces / 'trace.json'}", "--trace-config", "triton,log-frequency=1",
+        "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1"))
+    try:
+        image = np.array([[sample_images["mug"]]], dtype=object)
+        start = threading.Barrier(4)
+
+        def send(i: int) -> None:  # two over HTTP, two over gRPC, together: batched into one execute()
+            tc = httpclient if i % 2 else grpcclient
+            client = tc.InferenceServerClient(server.url("http" if i % 2 else "grpc"))
+            inp = tc.InferInput("IMAGE", [1, 1], "BYTES")
+            inp.set_data_from_numpy(image)
+            start.wait()
+            assert client.infer(FLOW, [inp], request_id=f"req-{i}").as_numpy("ROUTE")[0, 0] == f"{CHILD}:direct".encode()
+            client.close()
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        deadline = time.monotonic() + 30
+        while len([e for e in _trace_entries(traces) if e.get("model_name") == FLOW]) < 4:  # written as each completes
+            assert time.monotonic() < deadline, "Triton wrote no trace for some request"
+            time.sleep(0.2)
+    finally:
+        server.stop()
+
+    entries = _trace_entries(traces)
+    requests = {e["id"]: e["request_id"] for e in entries if e.get("model_name") == FLOW}
+    assert sorted(requests.values()) == [f"req-{i}" for i in range(4)]
+    children = [e for e in entries if e.get("model_name") == CHILD]
+    assert children and all(e.get("parent_id") in requests for e in children), children  # under a request's trace
+    lines = [line for line in _execute_lines(server.options.log_file) if not line["probe"]]
+    assert sorted(r for line in lines for r in line["requests"]) == [f"req-{i}" for i in range(4)]
+    assert any(len(line["requests"]) > 1 for line in lines), lines  # one execute() served several requests
+    joined = sorted(requests[e["parent_id"]] for e in children)
+    for line in lines:
+        assert line["child_calls_traced_with"] == line["requests"][0]
+        assert line["children"][CHILD]["calls"] == joined.count(line["requests"][0])  # its calls, in that trace alone
+        assert line["children"][CHILD]["images"] == line["images"] == len(line["requests"])
+    assert set(joined) == {line["requests"][0] for line in lines}
