@@ -48,7 +48,7 @@ def flow_model(pb_utils: Any) -> type:
             self.transport = TritonTransport(pb_utils)
             if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
                 self.mirror_transport = TritonTransport(pb_utils)
-                self.runtime.mirror_send = self.mirror_transport.send
+                self.runtime.router.mirror_send = self.mirror_transport.send
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             self.instance = args["model_instance_name"]
             freeze_startup_objects()

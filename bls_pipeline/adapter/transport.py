@@ -18,7 +18,8 @@ import re
 from typing import Any, Sequence
 
 from ..runtime import hooks
-from ..runtime.batch import ChildCallError, ChildRequest
+from ..runtime.calls import ChildRequest
+from ..runtime.errors import ChildCallError
 from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 
 __all__ = ["TritonTransport", "child_error"]

@@ -15,7 +15,7 @@ import logging
 import numpy as np
 from PIL import Image
 
-from .batch import ChildRequest
+from .calls import ChildRequest
 from .results import ImageRequest, RequestError
 from .settings import ConfigError
 

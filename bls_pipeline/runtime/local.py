@@ -19,7 +19,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .batch import ChildCallError, ChildRequest
+from .calls import ChildRequest
+from .errors import ChildCallError
 from .engine import FlowRuntime
 from .results import ImageRequest, Prediction, RequestError, Timings
 from .functions import FUNCTION_PARAMETER, load_function

@@ -14,7 +14,7 @@ from PIL import Image
 torch = pytest.importorskip("torch")
 
 from bls_pipeline.flow import LocalFlow  # noqa: E402
-from bls_pipeline.runtime.batch import Scores  # noqa: E402
+from bls_pipeline.runtime.scores import Scores  # noqa: E402
 from bls_pipeline.runtime.device import HostDevice  # noqa: E402
 from bls_pipeline.runtime.engine import FlowRuntime  # noqa: E402
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters  # noqa: E402

@@ -106,7 +106,7 @@ def test_a_share_mirrors_that_share_of_calls(encode):
     params = {**SHADOW, "shadow_share": "0.25"}
     with LocalFlow(MODELS / "classify_bls", {"resnet50_onnx": stable, "resnet50_onnx@2": candidate},
                    parameters=params) as flow:
-        flow.runtime.rng.seed(0)
+        flow.runtime.router.rng.seed(0)
         flow.runtime.shadow._rng.seed(1)
         for _ in range(200):
             flow.run([ImageRequest(images(encode, 1))])
@@ -150,10 +150,11 @@ def test_a_version_on_trial_is_the_stable_one_only_when_no_other_is_ready(tmp_pa
     on_trial = FlowRuntime.load(repo / "classify_bls", params, lambda *_: True, check=False, pin_versions=True)
     plain = FlowRuntime.load(repo / "classify_bls", {**params, "shadow": "none"}, lambda *_: True, check=False,
                              pin_versions=True)
-    assert on_trial._ready("resnet50_onnx") and on_trial.serving_version("resnet50_onnx") == "1"
-    on_trial._is_ready = lambda model, version=None: version != "1"  # version 1 retired: the trial version answers
-    assert on_trial._ready("resnet50_onnx") and on_trial.serving_version("resnet50_onnx") == "2"
-    assert plain._ready("resnet50_onnx") and plain.serving_version("resnet50_onnx") == "2"
+    trial, stable = on_trial.router, plain.router
+    assert trial.ready("resnet50_onnx") and trial.serving_version("resnet50_onnx") == "1"
+    trial._is_ready = lambda model, version=None: version != "1"  # version 1 retired: the trial version answers
+    assert trial.ready("resnet50_onnx") and trial.serving_version("resnet50_onnx") == "2"
+    assert stable.ready("resnet50_onnx") and stable.serving_version("resnet50_onnx") == "2"
     on_trial.close()
     plain.close()
 

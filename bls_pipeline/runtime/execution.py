@@ -1,0 +1,173 @@
+"""One execute() of a flow model: the good requests' images as the rows of a batch, decoded
+and preprocessed once (a bad image fails its own request), each child's pixels made from
+them on demand, regions cut from the images decoded once, and the child calls sent and
+timed (calls.py plans them). What a Batch asks of its execute() (batch.RunContext).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..stages.preprocess import PreprocessSpec
+from . import hooks
+from .calls import Calls, ChildRequest, Send
+from .children import ChildModel
+from .errors import ChildCallError, FlowError
+from .results import ChildStats, ImageRequest, RequestError, Timings
+
+__all__ = ["Execution"]
+
+log = logging.getLogger(__name__)
+
+
+class Execution:
+    """One execute(): its rows (the good requests' images), their pixels, its calls, what was
+    tried. The Batch's RunContext (batch.py) and the calls' Execution (calls.py).
+
+    runtime: the flow model's FlowRuntime (engine.py); send: the transport; probe: health
+    probes, answered on the stable models alone (no shadow, no canary).
+    """
+
+    def __init__(self, runtime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings,
+                 probe: bool = False):
+        self._runtime, self.transport, self._timings = runtime, send, timings
+        self.device = runtime.device
+        self.children = runtime.children
+        self.max_regions = runtime.runtime.max_regions_per_image
+        self.declared = runtime.declared
+        self._results = results
+        self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
+        self._unready: str | None = None  # the role of the last call that found no candidate READY
+        self._trials = not probe
+        self.preprocess_in_flow = 0.0
+        images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
+        self._encoded = [data for imgs in images if imgs is not None for data in imgs]
+        self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
+        self._pixels: dict[PreprocessSpec, object] = {}  # the device's arrays
+        self._decoded = None
+        self._scales = None
+        spec = runtime.primary_spec
+        if spec is not None:  # else every model takes the encoded bytes: nothing to decode
+            t0 = time.perf_counter()
+            with hooks.stage("decode_preprocess"):
+                decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
+            for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
+                results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
+                timings.reject(results[r], 1)
+            if decoded.errors:  # the failed requests' images leave the batch
+                self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
+            self.owners = decoded.owners
+            self._pixels[spec] = decoded.batch
+            self._decoded = decoded.images
+            self._scales = decoded.scales
+            timings.decode_preprocess += time.perf_counter() - t0
+        self.rows = len(self.owners)
+
+    # ---- the calls ---------------------------------------------------------------------------
+    def together(self, batch, calls) -> list:
+        # Made for each together(): kept, it and this would refer to each other (a cycle
+        # holding the batch's pixels until the garbage collector came by).
+        return Calls(self, self._runtime.router, trials=self._trials).together(batch, calls)
+
+    def tried(self, candidates: tuple[str, ...], kind: str) -> None:
+        for m in candidates:
+            self._tried.setdefault(m, kind)
+
+    def unready(self, role: str) -> None:
+        """A call found no candidate READY (and waits no longer): the role NoModelReady names."""
+        self._unready = role
+
+    def unready_role(self) -> str:
+        return self._unready or "no_model_ready"
+
+    def no_model_message(self) -> str:
+        kind = "classifier" if set(self._tried.values()) <= {"classifier"} else "model"
+        return f"no {kind} is ready (tried, in order: {', '.join(self._tried) or 'none'})"
+
+    def child(self, name: str, classifier: bool = False) -> ChildModel:
+        child = self.children[name]
+        if classifier and not child.is_classifier:
+            raise FlowError(f"classify() needs a classifier, and {name}'s output has no label_filename in its "
+                            "config.pbtxt; use infer() for its raw outputs")
+        return child
+
+    def inputs(self, child: ChildModel, rows: np.ndarray):
+        """`child`'s input for these rows: the encoded bytes, or pixels preprocessed its way
+        (a numpy array, or a tensor on the device)."""
+        if child.preprocess is None:
+            return np.array([self._encoded[i] for i in rows], dtype=object).reshape(-1, 1)
+        pixels = self._pixels_for(child.preprocess)
+        return pixels if len(rows) == self.rows else self.device.take(pixels, rows)
+
+    def _pixels_for(self, spec: PreprocessSpec):
+        if spec in self._pixels:
+            return self._pixels[spec]
+        t0 = time.perf_counter()
+        with hooks.stage("decode_preprocess"):
+            renormalized = (self.device.renormalize(have, s, spec) for s, have in self._pixels.items())
+            batch = next((b for b in renormalized if b is not None), None)
+            if batch is None:
+                if self._decoded is None:
+                    raise FlowError(f"internal: no decoded images kept for {spec}")
+                batch = self.device.preprocess(self._decoded, spec)
+        self._pixels[spec] = batch
+        elapsed = time.perf_counter() - t0
+        self._timings.decode_preprocess += elapsed
+        self.preprocess_in_flow += elapsed
+        return batch
+
+    def images(self):
+        """The decoded images, one per row, and each one's pixels as sent per decoded pixel.
+        Kept from the decode when the flow cuts regions (seen at load); else decoded again
+        here, once (a flow that reaches regions() only past the load check's path)."""
+        self._runtime.uses_regions = self._runtime.keep_images = True  # from the next execute() on: kept
+        if self._decoded is None:
+            spec = self._runtime.primary_spec
+            if spec is None:
+                raise FlowError("regions need pixels: declare at least one model with a pixel input")
+            log.warning("flow %s: the load check did not see it cut regions, so the images are decoded again for them; "
+                        "call regions() on the probe image's path to keep them from the first decode", self._runtime.name)
+            t0 = time.perf_counter()
+            again = self.device.decode([[data] for data in self._encoded], self._runtime.runtime.decode, spec, keep_images=True)
+            self._decoded, self._scales = again.images, again.scales
+            self._timings.decode_preprocess += time.perf_counter() - t0
+        return self._decoded, self._scales
+
+    def crops(self, spec, image_rows: np.ndarray, boxes: np.ndarray):
+        t0 = time.perf_counter()
+        with hooks.stage("regions"):
+            images, _ = self.images()
+            batch = self.device.crop(images, image_rows, boxes, spec)
+        elapsed = time.perf_counter() - t0
+        self._timings.decode_preprocess += elapsed
+        self.preprocess_in_flow += elapsed
+        return batch
+
+    def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None:
+        """Fail the requests these image rows belong to (their other rows are answered, unread)."""
+        for row in rows:
+            r = int(self.owners[row])
+            if self._results[r] is None:
+                index = int(row - np.flatnonzero(self.owners == r)[0])
+                self._results[r] = RequestError(f"IMAGE[{index}]: {message}", reason)
+                self._timings.reject(self._results[r], int((self.owners == r).sum()))
+
+    def send(self, requests: list[ChildRequest]):
+        if not requests:
+            return []
+        t0 = time.perf_counter()
+        with hooks.stage("child_calls"):
+            replies = list(self.transport(requests))
+        elapsed = time.perf_counter() - t0
+        if len(replies) != len(requests):
+            raise ChildCallError(f"the transport answered {len(replies)} of {len(requests)} child requests")
+        for req in requests:
+            stats = self._timings.children.setdefault(req.model, ChildStats())
+            stats.calls += 1
+            stats.images += len(next(iter(req.inputs.values()))) if req.inputs else 0
+            stats.seconds += elapsed
+        return replies
