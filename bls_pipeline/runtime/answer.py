@@ -7,7 +7,7 @@ the regions it looked at.
     answer.output("NEEDS_REVIEW", flags)    an output the flow model's config.pbtxt declares, per row
     answer.attach(region_answer)            the answer of a batch.regions(...): REGION_* outputs
 
-The runtime turns it into each request's outputs (engine.py); a declared output the flow
+The runtime turns it into each request's outputs (predictions.py); a declared output the flow
 never fills fails the requests (and the load check) with its name: none is silently absent.
 """
 

@@ -1,7 +1,7 @@
 """Each image's answer as one JSON document: the JSON output a flow model may declare
 (contract.JSON), for clients that read JSON rather than tensors (curl and jq, a browser).
 
-The runtime writes it from the outputs it has just made for the request (engine.py), so it
+The runtime writes it from the outputs it has just made for the request (predictions.py), so it
 says what the tensors say; `bls-classify --json` builds the same document from the tensors
 of a model that does not declare JSON. Per image, UTF-8, no NaN (a non-finite number is
 null); a key is there when the model declares the outputs it comes from:

@@ -1,6 +1,6 @@
 """Where one execute()'s pixels and scores live, and the array work the runtime does on them.
 
-The runtime (engine.py, batch.py) never touches pixels or scores itself: it asks a Device.
+The runtime (execution.py, calls.py, predictions.py) never touches pixels or scores itself: it asks a Device.
 
     HostDevice    numpy on the CPU: decode + preprocess in the thread pool (stages/), scores
                   as numpy. The CPU path, and every flow model with a KIND_CPU instance.
