@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT
-from bls_pipeline.serve.client import IMAGE_SUFFIXES
+from bls_pipeline.stages.decode import IMAGE_SUFFIXES
 from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
 
 __all__ = ["CalibrationError", "DEFAULT_METHOD", "METHODS", "calibration_images", "calibration_tensors", "convert_openvino",
@@ -54,7 +54,7 @@ def _require(module: str, extra: str):
 
 def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Path, "object"]]:
     """The readable images in `folder` (not recursive, sorted), decoded to RGB: at most `limit`.
-    Files not named as images (a README, notes; bls-classify's IMAGE_SUFFIXES) are passed
+    Files not named as images (a README, notes; bls_pipeline.stages.decode's IMAGE_SUFFIXES) are passed
     over; an image that does not decode is skipped with a warning. Raises CalibrationError
     naming the folder when it holds no readable image."""
     from PIL import Image

@@ -15,11 +15,11 @@ from tqdm import tqdm
 
 from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, JSON, LABELS, ROUTE, SCORES, TOPK
 from ..runtime.answer_json import documents
+from ..stages.decode import IMAGE_SUFFIXES
 
 __all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "format_table", "main",
            "tritonclient_module"]
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
 def tritonclient_module(protocol: str):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-__all__ = ["DECODE_SCALE", "DecodePolicy", "ImageError", "decode", "decode_scale", "from_base64"]
+__all__ = ["DECODE_SCALE", "DecodePolicy", "IMAGE_SUFFIXES", "ImageError", "decode", "decode_scale", "from_base64"]
 
 # In a decoded image's `info`: the encoded image's pixels per decoded pixel (a JPEG decoded
 # at 1/2, 1/4 or 1/8 scale), absent when 1. Regions report boxes in the encoded image's pixels.
@@ -30,6 +30,9 @@ def decode_scale(img: Image.Image) -> float:
 # Formats a client may send. Anything else Pillow can open (EPS, PSD, ICO...) is refused:
 # every extra plugin is extra attack surface for no classification value.
 DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
+# The file names of those formats: what bls-classify sends from a folder, and what engine_build
+# calibrates with.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 
 class ImageError(ValueError):

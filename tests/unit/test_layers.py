@@ -71,3 +71,15 @@ def test_test_files_have_unique_names():
     """pytest imports test files by basename (no packages): two of one name stop collection."""
     names = [p.name for p in (Path(__file__).resolve().parents[1]).rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def test_engine_build_stands_below_serving():
+    """engine_build (a build step) may use the pure layers, never the server, client or tools."""
+    wrong = []
+    for path in (PACKAGE.parent / "engine_build").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            wrong += [f"{path.name} imports {n}" for n in names if _layer(n) in ("adapter", "serve", "tools")
+                      and n.startswith("bls_pipeline")]
+    assert wrong == []
