@@ -444,7 +444,9 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         if (dst / name).exists():
             shutil.rmtree(dst / name)
         (dst / name / "1").mkdir(parents=True)
-        shutil.copy(PER_REGION_FLOW, dst / name / "1" / "flow.py")
+        # read_text's flow with the per-region read_lines after it (it replaces read_text's)
+        (dst / name / "1" / "flow.py").write_text((src / "read_text" / "1" / "flow.py").read_text() + "\n"
+                                                  + PER_REGION_FLOW.read_text())
         shutil.copy(src / "read_text" / "1" / "model.py", dst / name / "1" / "model.py")
         (dst / name / "config.pbtxt").write_text(config_variant(src / "read_text", name, {}))
         # the hand-written baseline: a plain python model, its own config (read_text's values)

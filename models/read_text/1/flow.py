@@ -42,6 +42,21 @@ def flow(batch: Batch, settings: ReadTextSettings) -> Answer:
     per_line.skip(faint, "faint")
     readable = ~lines.too_small & ~faint
 
+    text, confidence = read_lines(lines, readable, per_line, settings)
+    per_line.output("REGION_TEXT", text).output("REGION_CONFIDENCE", confidence)
+
+    sure = readable & (confidence >= settings.min_confidence)
+    image_text = [b"\n".join(text[sure & (lines.image == i)]) for i in range(len(batch))]
+    has_text = np.array([bool(t) for t in image_text])
+    answer.skip(has_text, f"{found.model}:text").skip(~has_text, f"{found.model}:no_text")
+    answer.output("TEXT", np.array(image_text, dtype=object))
+    return answer.attach(per_line)
+
+
+def read_lines(lines, readable, per_line: Answer, settings: ReadTextSettings):
+    """The readable lines' text and confidence, each line's ROUTE set in per_line: the
+    orientation of every line in ONE call, then the recogniser on the upright and the
+    flipped ones, TWO calls in flight together."""
     orientation = lines.classify(settings.orientation, rows=readable)
     if orientation is None:
         flipped = np.zeros(len(lines), dtype=bool)
@@ -57,11 +72,4 @@ def flow(batch: Batch, settings: ReadTextSettings) -> Answer:
         raise NoModelReady
     text = np.where(flipped, rotated["TEXT"][:, 0], upright["TEXT"][:, 0])
     confidence = np.nan_to_num(np.where(flipped, rotated["CONFIDENCE"][:, 0], upright["CONFIDENCE"][:, 0]))
-    per_line.output("REGION_TEXT", text).output("REGION_CONFIDENCE", confidence)
-
-    sure = readable & (confidence >= settings.min_confidence)
-    image_text = [b"\n".join(text[sure & (lines.image == i)]) for i in range(len(batch))]
-    has_text = np.array([bool(t) for t in image_text])
-    answer.skip(has_text, f"{found.model}:text").skip(~has_text, f"{found.model}:no_text")
-    answer.output("TEXT", np.array(image_text, dtype=object))
-    return answer.attach(per_line)
+    return text, confidence
