@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..contract import REGION_OUTPUTS, STANDARD_OUTPUTS
+from ..contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
 from .children import TensorInfo
 from .errors import FlowError
 from .rows import Rows, _as_rows
@@ -83,6 +83,9 @@ class Answer:
         """Fill the output `name` that the flow model's config.pbtxt declares: one value per
         row (a flag, a score, a vector, a string). For a regions answer, the output is per
         region, its dims [-1, ...] (the regions of each image)."""
+        if name == JSON.name:
+            raise FlowError(f"answer.output({name!r}): the runtime writes {name} from the rest of the answer; "
+                            "fill those (set(), skip(), output(), attach()) and it follows")
         if name in STANDARD_OUTPUTS or name in REGION_OUTPUTS:
             raise FlowError(f"answer.output({name!r}): the runtime fills {name}; use set()/skip() (and attach() for regions)")
         info = self._declared.get(name)

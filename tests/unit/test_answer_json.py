@@ -230,5 +230,5 @@ def test_a_flow_that_does_not_declare_it_gets_none_and_cannot_fill_it(repo):
     flow_file = repo / "dark_spots" / "1" / "flow.py"
     flow_file.write_text(flow_file.read_text().replace('return answer.output("SPOTS", count)',
                                                        'return answer.output("JSON", count).output("SPOTS", count)'))
-    with pytest.raises(ConfigError, match=r"answer.output\('JSON'\): the runtime fills JSON"):
+    with pytest.raises(ConfigError, match=r"answer.output\('JSON'\): the runtime writes JSON from the rest of the answer"):
         LocalFlow(repo / "dark_spots", {"det": find_dark, "shade": shade})
