@@ -1,10 +1,13 @@
-"""`python -m engine_build export|torch|trt|int8|openvino [--model NAME]`, `ocr`: one command per artifact."""
+"""`python -m engine_build export|torch|trt|int8|openvino|agreement|accuracy [--model NAME]`, `ocr`: one command per
+artifact or measurement."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from .export_onnx import EXPORTS, MODELS
@@ -130,6 +133,30 @@ def _agreement(args) -> int:
     return 0
 
 
+def _accuracy(args) -> int:
+    from .accuracy import GATE, LabelsError, measure, table
+    from .export_onnx import exported_weights
+
+    try:
+        results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch)
+    except (LabelsError, FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    weights = exported_weights(args.model_repository / EXPORTS[args.model].onnx_model / "1" / "model.onnx")
+    print(f"\n{args.model} (weights: {weights}) on {results[0].images} labelled photos of {args.images}, preprocessed as "
+          f"{EXPORTS[args.model].onnx_model} is served, batches of {args.batch}. An engine may be a default with top-1 >= "
+          f"{GATE.min_ratio} x FP32's and top-1 agreement >= {GATE.min_agreement:.0%}.\n")
+    print(table(results))
+    if len(results) == 1:
+        print("no engine built beside FP32: python -m engine_build int8 --help, python -m engine_build openvino --help")
+    if weights == "random":
+        print("note: random weights cannot judge accuracy: use real weights")
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "weights": weights, "images": str(args.images),
+                                         "results": [asdict(r) for r in results]}, indent=2))
+    return 0
+
+
 def _ocr(args) -> int:
     from .ocr import OcrWeightsUnavailable, build_ocr_models
 
@@ -202,6 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--engine", choices=("int8", "openvino"), default="int8", help="models/<model>_int8 or models/<model>_openvino")
     a.add_argument("--images", type=Path, default=SAMPLES, help="folder of .jpg photos, each cropped, mirrored and rescaled")
     a.set_defaults(run=_agreement)
+    c = sub.add_parser("accuracy", help="top-1/top-5 of FP32 and every built engine on labelled photos, agreement, the gate")
+    _model_argument(c)
+    c.add_argument("--images", type=Path, required=True, help="folder of photos with a labels.csv (columns file,class_id)")
+    c.add_argument("--engine", type=Path, action="append", default=[],
+                   help="also this ONNX (run as <model>_int8) or IR (.xml, as <model>_openvino); repeatable")
+    c.add_argument("--batch", type=int, default=1, help="photos per inference (default: 1, one request at a time)")
+    c.add_argument("--json", type=Path, help="also write the results here")
+    c.add_argument("--model-repository", type=Path, default=MODELS, help=f"where the model folders are (default: {MODELS})")
+    c.set_defaults(run=_accuracy)
     o = sub.add_parser("ocr", help="PP-OCR text detector, orientation classifier and recogniser -> models/text_*/1/model.onnx")
     o.add_argument("--repository", type=Path, default=MODELS, help=f"model repository to write into (default: {MODELS})")
     o.set_defaults(run=_ocr)
