@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stubs", "become_subreaper", "is_subreaper", "reap_group", "stub_instances", "stubs"]
+__all__ = ["Stubs", "become_subreaper", "is_subreaper", "model_of", "reap_group", "stub_instances", "stubs"]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2), Linux
 
@@ -52,6 +53,13 @@ def stubs(pgid: int) -> Stubs:
         if argv[0].endswith(_STUB) and len(argv) > _INSTANCE_ARG:
             live[int(proc.name)] = argv[_INSTANCE_ARG].decode()
     return Stubs(live, frozenset(dead))
+
+
+def model_of(instance: str) -> str | None:
+    """The model of a model instance name ("classify_bls_0_1" -> "classify_bls"); None for
+    another name (the stub that completes a model's config at load is named by its model)."""
+    m = re.fullmatch(r"(.+)_\d+_\d+", instance)
+    return m.group(1) if m else None
 
 
 def stub_instances(pgid: int) -> dict[int, str]:

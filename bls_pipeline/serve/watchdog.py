@@ -122,10 +122,10 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while not self._halt.wait(self._interval):
             for model, inputs in self._probes.items():
+                if self._halt.is_set():  # the server is being stopped: it drains, nothing is loaded again
+                    return
                 for dead in self._dead_stubs():  # before each probe: a probe into a dead stub would leave its copy stuck
                     self._recover(dead)
-                if self._halt.is_set():
-                    return
                 dead = self._probe(model, inputs)
                 if dead is not None:
                     self._recover(dead)

@@ -14,7 +14,7 @@ import tritonclient.http as tc
 
 from bls_pipeline.runtime.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
-from bls_pipeline.serve.processes import Stubs, stub_instances, stubs
+from bls_pipeline.serve.processes import Stubs, model_of, stub_instances, stubs
 from bls_pipeline.serve.watchdog import Watchdog, _probe_inputs, dead_stub_model, instance_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -160,3 +160,8 @@ def test_stubs_reads_live_and_dead_stubs_of_a_real_group(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def test_model_of_an_instance():
+    assert model_of("classify_bls_failover_0_12") == "classify_bls_failover"
+    assert model_of("resnet50_onnx") is None  # the stub that completes a config at load is named by its model
