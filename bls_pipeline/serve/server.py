@@ -5,13 +5,14 @@
 wheel, loads only the models whose backend and artifacts are present (explicit model
 control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
 readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
+`bls-serve` (main) serves until SIGTERM or Ctrl-C and starts a tritonserver that died on its
+own again, with backoff.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import logging
 import os
 import secrets
@@ -33,6 +34,7 @@ from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
+from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
 from .watchdog import Watchdog
 
 __all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
@@ -45,6 +47,9 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # load arbitrary models, read configs or map shared memory.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory"
 SHM_PREFIX = "triton_python_backend_shm_region_"
+# Passed to every tritonserver the launcher starts: how many times it started one again after
+# the first (restart()); the flow models publish it as the gauge bls_server_restarts.
+RESTARTS_ENV = "BLS_SERVER_RESTARTS"
 
 
 def free_port() -> int:
@@ -86,14 +91,9 @@ class ServerOptions:
 class StopReport:
     code: int | None  # tritonserver's exit status; -9 when it had to be killed
     drained: bool  # every model was unloaded (no request in flight) before SIGTERM
-    stuck_copies: int = 0  # model copies Triton still waited on after the drain (killed then)
-
-
-# What Triton logs each second of its exit timeout. After a drain nothing is loaded or in
-# flight, so a live model it still finds is a copy that can no longer unload: on Triton
-# 2.51, one that received a request after its python stub died (the watchdog had loaded a
-# fresh copy beside it). Waiting out --exit-timeout-secs for it ends in exit code 1.
-_STUCK = re.compile(r"Found (\d+) live models and 0 in-flight")
+    # Dead python stubs (their instance, or "pid N" if never seen alive) whose model copy
+    # could not unload after the drain: tritonserver was killed for them (_stuck_copies).
+    stuck: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,9 @@ class TritonServer:
         self._binary: _Binary | None = None
         self.watchdog: Watchdog | None = None
         self.last_stop: StopReport | None = None
+        self.restarts = 0  # starts after the first (restart()): RESTARTS_ENV of the running tritonserver
+        self._started_at: float | None = None  # time.monotonic() when the running one was serving
+        self._cancel: threading.Event | None = None
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -155,6 +158,16 @@ class TritonServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def returncode(self) -> int | None:
+        """tritonserver's exit status once it exited (negative: the signal), else None."""
+        return self._proc.poll() if self._proc else None
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since the last start() had it serving (0 before)."""
+        return time.monotonic() - self._started_at if self._started_at is not None else 0.0
+
     # ---- lifecycle ---------------------------------------------------------------
     def __enter__(self) -> "TritonServer":
         self.start()
@@ -186,8 +199,11 @@ class TritonServer:
             self.loaded, self.skipped = self._plan.load, self._plan.skipped
         return self._plan
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
+        """Start tritonserver and wait until every model it loads is READY. `cancel`, once
+        set (bls-serve's SIGTERM), ends the wait: start() stops what it started and raises."""
         opts = self.options
+        self._cancel = cancel
         repo = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
         plan = self.plan()
         binary = self._binary
@@ -224,7 +240,7 @@ class TritonServer:
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
         self._proc = subprocess.Popen(
             cmd,
-            env=binary.env,
+            env={**binary.env, RESTARTS_ENV: str(self.restarts)},
             stdin=subprocess.DEVNULL,
             stdout=self._log_handle,
             stderr=subprocess.STDOUT if self._log_handle else None,
@@ -237,6 +253,7 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self._started_at = time.monotonic()
         if opts.watchdog_interval_s > 0:
             # Called models first: a flow's probe waits while its flow retries a dead child
             # (up to child_retry_s), so the child is found and reloaded first.
@@ -267,7 +284,19 @@ class TritonServer:
                     raise TimeoutError(f"the {what} endpoint is not listening on port {port} after {timeout_s:.0f}s{self._log_hint()}")
                 time.sleep(0.05)
 
+    def restart(self, cancel: threading.Event | None = None) -> None:
+        """start() again, after the one before died on its own and stop() cleared what it left:
+        the same models as the first start (models loaded or rolled out later through the
+        repository API come back as their config.pbtxt says), RESTARTS_ENV one higher, and a
+        watchdog on the new process."""
+        if self.running():
+            raise RuntimeError("tritonserver is running: restart() follows a death and stop()")
+        self.restarts += 1
+        self.start(cancel)
+
     def _fail_if_exited(self, before: str) -> None:
+        if self._cancel is not None and self._cancel.is_set():
+            raise RuntimeError(f"stopped before {before}")
         if self._proc is None or self._proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited with code {self._proc.returncode if self._proc else '?'} "
                                f"before {before}{self._log_hint()}")
@@ -328,16 +357,44 @@ class TritonServer:
         self.load_model(model)
 
     def _drain(self, timeout_s: float) -> bool:
-        """Unload callers, then the models they call; True once none is READY or UNLOADING."""
+        """Unload callers, then the models they call; True once none is READY or UNLOADING.
+
+        A stage's models are done with their calls once Triton begins to destroy them, which
+        it does only when no request holds them any more. On 2.51 a python instance takes a
+        little over a second to destroy (the backend's health check sleeps 1 s), one
+        instance after another. The first of a model's stubs to exit shows that the
+        destruction began, so the next stage starts then (see _done_with_requests)."""
         deadline = time.monotonic() + timeout_s
+        before = stubs(self.pid).live
         for stage in repository.drain_stages(self.repository, self.loaded):
             for model in stage:
                 self.unload_model(model)
-            while any(state in ("READY", "UNLOADING") for name, state in self.admin.states().items() if name in stage):
+            while not self._done_with_requests(stage, before):
                 if time.monotonic() > deadline:
                     log.warning("models still busy after %ss of draining: stopping anyway", timeout_s)
                     return False
-                time.sleep(0.1)
+                time.sleep(0.05)
+        while any(state in ("READY", "UNLOADING") for name, state in self.admin.states().items() if name in self.loaded):
+            if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
+                log.warning("models still unloading after %ss of draining: stopping anyway", timeout_s)
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _done_with_requests(self, stage: tuple[str, ...], before: dict[int, str]) -> bool:
+        """Every model of `stage` unloaded, or being destroyed: one of the stubs it had
+        before the drain exited. Only where those stubs are one copy's (no instance name
+        twice: a copy still finishing after a reload, or one a dead stub left stuck, has
+        stubs of the same names, and one of theirs exiting says nothing of this copy)."""
+        states = self.admin.states()
+        now = stubs(self.pid)
+        for model in stage:
+            if states.get(model) not in ("READY", "UNLOADING"):
+                continue
+            mine = [pid for pid, instance in before.items() if model_of(instance) == model]
+            one_copy = len({before[pid] for pid in mine}) == len(mine) > 0
+            if not (one_copy and any(pid not in now.live and pid not in now.dead for pid in mine)):
+                return False
         return True
 
     def running(self) -> bool:
@@ -349,7 +406,9 @@ class TritonServer:
         Draining unloads the models that call others (classify_bls, ensembles) before the
         classifiers: their in-flight requests finish while the children still serve, and
         new ones are refused at once. A plain SIGTERM stops every scheduler together, so
-        in-flight BLS requests lose their child model (and Triton 2.51 can abort).
+        in-flight BLS requests lose their child model (and Triton 2.51 can abort). After a
+        drain, a model copy that a dead python stub left stuck does not hold the stop up
+        (_stuck_copies). Also clears what a tritonserver that died on its own left behind.
         """
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
@@ -357,7 +416,7 @@ class TritonServer:
                 watchdog.stop()
             except Exception as exc:  # noqa: BLE001 - never let it keep the server alive
                 log.warning("stopping the watchdog failed: %s", exc)
-        drained, stuck = False, 0
+        drained, stuck = False, ()
         if self.running():
             try:
                 drained = self._drain(self.options.exit_timeout_s)
@@ -367,14 +426,19 @@ class TritonServer:
         code = None
         if proc is not None:
             if proc.poll() is None:
-                offset = self._log_size()
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    stuck = self._wait_for_exit(proc, drained, offset)
-                except subprocess.TimeoutExpired:
-                    self._report_hang(proc.pid, drained)
+                stuck = self._stuck_copies(proc.pid, watchdog) if drained else ()
+                if not stuck:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=self.options.exit_timeout_s + 5)
+                    except subprocess.TimeoutExpired:
+                        self._report_hang(proc.pid, drained)
             _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
             code = proc.wait(timeout=10)
+            if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them
+                left = reap_group(proc.pid, timeout_s=5.0)
+                if left:
+                    log.warning("processes of tritonserver's group still there 5 s after it was killed: %s", left)
         self.last_stop = StopReport(code, drained, stuck)
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
@@ -386,30 +450,27 @@ class TritonServer:
             self._workdir, self._binary, self._plan = None, None, None
         return code
 
-    def _log_size(self) -> int:
-        path = self.options.log_file
-        return Path(path).stat().st_size if path and Path(path).exists() else 0
+    def _stuck_copies(self, pgid: int, watchdog: Watchdog | None) -> tuple[str, ...]:
+        """After a drain: the dead stubs of model copies that can never unload, for the caller
+        to kill tritonserver at once; () when it can stop cleanly.
 
-    def _wait_for_exit(self, proc: subprocess.Popen, drained: bool, offset: int) -> int:
-        """Wait for tritonserver to exit after SIGTERM; 0, or, after a drain, the number of
-        stuck model copies it waits on (see _STUCK), which it would wait on until its exit
-        timeout: then it is stopped at once (by the caller), nothing being in flight."""
-        deadline = time.monotonic() + self.options.exit_timeout_s + 5
-        while proc.poll() is None:
-            if drained and self.options.log_file:
-                with open(self.options.log_file, errors="replace") as f:
-                    f.seek(offset)
-                    found = [int(n) for n in _STUCK.findall(f.read())]
-                if len(found) >= 2 and found[-1] > 0:  # two of its one-second lines: not a copy still unloading
-                    log.warning("after the drain tritonserver still waited on %d model copy(ies) that cannot unload "
-                                "(Triton 2.51 keeps a copy that got a request after its python stub died): stopped "
-                                "it at once instead of waiting %ss; no request was in flight", found[-1],
-                                self.options.exit_timeout_s)
-                    return found[-1]
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(proc.args, self.options.exit_timeout_s + 5)
-            time.sleep(0.1)
-        return 0
+        On Triton 2.51 a model copy that got a request after its python stub died keeps that
+        request's response factory, and with it the model, forever: the copy never unloads,
+        its dead stub stays a zombie in the group (processes.py), and after SIGTERM
+        tritonserver would wait out --exit-timeout-secs on it, then exit 1. A copy that can
+        unload reaps its dead stub about a second after its unload begins (Triton's health
+        check sleeps 1 s); the drain, begun after the watchdog (which swaps copies) stopped,
+        takes longer than that. So a dead stub still there after the drain is a stuck copy,
+        and, the drain done, no request is in flight to lose."""
+        dead = stubs(pgid).dead
+        if not dead:
+            return ()
+        names = tuple(sorted((watchdog and watchdog.instance_of(pid)) or f"pid {pid}" for pid in dead))
+        log.warning("tritonserver cannot exit cleanly: the model copy of the dead python stub(s) %s got requests after "
+                    "the stub died, and Triton 2.51 never unloads such a copy; the drain answered every request in "
+                    "flight, so it is killed now instead of waiting out its exit timeout (%ss, then exit code 1)",
+                    ", ".join(names), self.options.exit_timeout_s)
+        return names
 
     def _report_hang(self, pid: int, drained: bool) -> None:
         """Say loudly that tritonserver ignored SIGTERM, with its threads' stacks if gdb is here."""
@@ -555,6 +616,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
+    p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                   help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
+                        f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
+                        "restarts); --no-restart: bls-serve exits 1 instead. Under an orchestrator that restarts the "
+                        "container (Kubernetes), pass --no-restart: see docs/reliability.md")
     args = p.parse_args(argv)
     if args.model_repository is None:
         p.error("no ./models here and no checkout's models/: pass --model-repository DIR")
@@ -565,7 +631,70 @@ def _repository_arg(value: str) -> Path | str:
     return value if s3.is_s3(value) else Path(value)
 
 
+@dataclass
+class _Backoff:
+    """Seconds to wait before each restart: first_s, doubling up to cap_s; back to first_s
+    when the server had been serving stable_s or more when it died."""
+    first_s: float = 1.0
+    cap_s: float = 30.0
+    stable_s: float = 60.0
+    _next_s: float | None = None
+
+    def delay(self, uptime_s: float) -> float:
+        if self._next_s is None or uptime_s >= self.stable_s:
+            self._next_s = self.first_s
+        delay, self._next_s = self._next_s, min(self._next_s * 2, self.cap_s)
+        return delay
+
+
+def _exit_cause(code: int | None) -> str:
+    """How a process ended, from its exit status: "died of SIGSEGV", "exited with code 1"."""
+    if code is not None and code < 0:
+        try:
+            return f"died of {signal.Signals(-code).name}"
+        except ValueError:
+            return f"died of signal {-code}"
+    return f"exited with code {code}"
+
+
+def _serve(server: TritonServer, stop: threading.Event, restart: bool) -> int | None:
+    """Serve until `stop` is set; start a tritonserver that dies on its own again (with
+    _Backoff), or return 1 when `restart` is off. None: stopped."""
+    backoff = _Backoff()
+    while True:
+        while server.running() and not stop.wait(0.2):
+            pass
+        if stop.is_set():
+            return None
+        died_at, cause, uptime = time.monotonic(), _exit_cause(server.returncode), server.uptime_s
+        server.stop()  # what it left: its stubs, /dev/shm regions, the watchdog on it
+        if not restart:
+            log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
+                      "--no-restart: bls-serve exits 1", cause, uptime)
+            return 1
+        while True:
+            delay = backoff.delay(uptime)
+            log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
+                      "restarting it in %.0f s (restart %d, %s=%d)", cause, uptime, delay, server.restarts + 1,
+                      RESTARTS_ENV, server.restarts + 1)
+            if stop.wait(delay):
+                return None
+            try:
+                server.restart(cancel=stop)
+                break
+            except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
+                if stop.is_set():
+                    return None
+                cause, uptime = f"could not be started again ({exc})", 0.0
+        log.warning("tritonserver restarted (restart %d, %s=%d): serving %s again, %.1f s after it died",
+                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded), time.monotonic() - died_at)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """bls-serve. Exit code: 0 once stopped (SIGTERM, Ctrl-C) with every request in flight
+    answered (tritonserver drained, even if it had to be killed after for a copy a dead
+    stub left stuck); 1 when the stop could not drain, or tritonserver died on its own with
+    --no-restart; 2 when it could not start."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = ServerOptions(
@@ -586,11 +715,20 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     server = TritonServer(opts)
     try:
-        server.start()
+        server.start(cancel=stop)
     except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
         server.stop()
+        if stop.is_set():
+            log.info("stopped while tritonserver was starting")
+            return 0
         print(f"bls-serve: error: {exc}", file=sys.stderr)
         return 2
+    # The stubs of a tritonserver that crashed or was killed become bls-serve's children, to
+    # reap at once: in a container bls-serve is PID 1 (the entrypoint execs it), and otherwise
+    # init would reap them when it gets to it.
+    if not become_subreaper():
+        log.warning("this kernel refused to make bls-serve a child subreaper: init reaps the stubs of a killed tritonserver")
+    outcome = None
     try:
         where = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
         print(f"Serving {', '.join(server.loaded)} from {where}")
@@ -600,20 +738,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)
-        while not stop.is_set() and server.running():
-            stop.wait(0.5)
-        if not server.running() and not stop.is_set():
-            log.error("tritonserver exited on its own")
-            return 1
-        return 0
+        outcome = _serve(server, stop, args.restart)
     finally:
+        was_serving = server.running()
         code = server.stop()
-        report = server.last_stop
-        if report is not None and report.stuck_copies:
-            log.info("tritonserver stopped after a full drain (%d stuck model copy(ies) left behind by a dead stub)",
-                     report.stuck_copies)
-        else:
-            log.info("tritonserver stopped (exit code %s)", code)
+    report = server.last_stop
+    if outcome is not None:
+        return outcome
+    if not was_serving:  # it had died and was not started again yet: nothing was in flight
+        log.info("stopped while tritonserver was down")
+        return 0
+    if report.stuck:
+        log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
+                    "for %d model copy(ies) a dead python stub left stuck", code, len(report.stuck))
+        return 0
+    if not report.drained and code != 0:
+        log.error("tritonserver stopped without a full drain (exit code %s): requests in flight may have failed; "
+                  "bls-serve exits 1", code)
+        return 1
+    log.info("tritonserver stopped (exit code %s)", code)
+    return 0
 
 
 if __name__ == "__main__":

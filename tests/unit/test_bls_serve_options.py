@@ -1,11 +1,15 @@
-"""bls-serve's command line reaches the launcher: loopback unless --host says otherwise.
+"""bls-serve's command line reaches the launcher: loopback unless --host says otherwise; and
+how bls-serve restarts a tritonserver that dies on its own.
 
 No server starts here: a stand-in launcher records the options and refuses to start, so
-bls-serve prints its one-line error and exits 2 (the integration tests start real ones)."""
+bls-serve prints its one-line error and exits 2, and a stand-in server dies on cue (the
+integration tests start real ones: test_crash_recovery.py)."""
 
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import pytest
 
@@ -21,7 +25,7 @@ def launched(monkeypatch) -> list:
         def __init__(self, options):
             seen.append(options)
 
-        def start(self):
+        def start(self, cancel=None):
             raise RuntimeError("stand-in launcher")
 
         def stop(self):
@@ -56,3 +60,88 @@ def test_start_waits_for_each_endpoint_the_command_line_opens():
     assert server._endpoints(cmd) == {"gRPC": 2, "metrics": 3}
     assert server._endpoints([*cmd, "--allow-metrics=false"]) == {"gRPC": 2}
     assert server._endpoints([*cmd, "--allow-grpc=0", "--allow-metrics=false"]) == {}
+
+
+# ---- a tritonserver that dies on its own ---------------------------------------------------------
+
+def test_restart_backoff_doubles_to_30_s_and_starts_over_after_a_stable_minute():
+    backoff = server._Backoff()
+    assert [backoff.delay(uptime_s=5) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert backoff.delay(uptime_s=60) == 1 and backoff.delay(uptime_s=0) == 2
+
+
+def test_exit_cause_names_the_signal():
+    assert server._exit_cause(-signal.SIGSEGV) == "died of SIGSEGV"
+    assert server._exit_cause(-signal.SIGKILL) == "died of SIGKILL"
+    assert server._exit_cause(1) == "exited with code 1"
+
+
+def test_restart_is_on_unless_no_restart(tmp_path):
+    assert server._parse_args(["--model-repository", str(tmp_path)]).restart is True
+    assert server._parse_args(["--model-repository", str(tmp_path), "--no-restart"]).restart is False
+
+
+class DiesOnItsOwn:
+    """A stand-in TritonServer: dies of SIGSEGV at each of `deaths` starts, the first restart
+    fails to start, then it serves until `stop` is set."""
+
+    def __init__(self, stop, deaths: int):
+        self.stop_event, self.deaths, self.restarts, self.stops = stop, deaths, 0, 0
+        self.loaded, self.returncode, self.uptime_s = ("classify_bls",), -signal.SIGSEGV, 2.0
+        self.failed_once = False
+
+    def running(self) -> bool:
+        return self.deaths == 0
+
+    def stop(self):
+        self.stops += 1
+
+    def restart(self, cancel):
+        assert cancel is self.stop_event
+        self.restarts += 1
+        if not self.failed_once:
+            self.failed_once = True
+            raise RuntimeError("tritonserver exited with code 1 before it was ready")
+        self.deaths -= 1
+        if self.deaths == 0:
+            threading.Timer(0.3, self.stop_event.set).start()  # serving: then bls-serve is stopped
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch):
+    backoff = server._Backoff
+    monkeypatch.setattr(server, "_Backoff", lambda: backoff(first_s=0.01, cap_s=0.04))
+
+
+def test_bls_serve_restarts_a_server_that_died_until_it_serves(quick_backoff, caplog):
+    stop = threading.Event()
+    fake = DiesOnItsOwn(stop, deaths=2)
+    caplog.set_level("INFO")
+    assert server._serve(fake, stop, restart=True) is None  # stopped
+    assert fake.restarts == 3 and fake.stops == 2  # restart 1 failed to start; what each death left is cleared
+    deaths = [r.getMessage() for r in caplog.records if "not on a stop" in r.getMessage()]
+    assert len(deaths) == 3 and all("the requests in flight were lost" in m for m in deaths)
+    assert deaths[0].startswith("tritonserver died of SIGSEGV after 2 s serving") and "(restart 1, BLS_SERVER_RESTARTS=1)" in deaths[0]
+    assert "could not be started again (tritonserver exited with code 1 before it was ready)" in deaths[1]
+    restarted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tritonserver restarted")]
+    assert [m.split(":")[0] for m in restarted] == ["tritonserver restarted (restart 2, BLS_SERVER_RESTARTS=2)",
+                                                    "tritonserver restarted (restart 3, BLS_SERVER_RESTARTS=3)"]
+
+
+def test_no_restart_exits_1_when_the_server_dies(quick_backoff, caplog):
+    stop = threading.Event()
+    fake = DiesOnItsOwn(stop, deaths=1)
+    assert server._serve(fake, stop, restart=False) == 1
+    assert fake.restarts == 0 and fake.stops == 1
+    assert "tritonserver died of SIGSEGV after 2 s serving, not on a stop" in caplog.text and "--no-restart" in caplog.text
+
+
+def test_a_stop_during_the_backoff_ends_bls_serve_at_once(monkeypatch):
+    backoff = server._Backoff
+    monkeypatch.setattr(server, "_Backoff", lambda: backoff(first_s=60))
+    stop = threading.Event()
+    fake = DiesOnItsOwn(stop, deaths=1)
+    threading.Timer(0.3, stop.set).start()
+    began = time.monotonic()
+    assert server._serve(fake, stop, restart=True) is None
+    assert time.monotonic() - began < 30 and fake.restarts == 0
