@@ -258,9 +258,9 @@ def _stub_pid(server, instance: str) -> int:
 
 @pytest.mark.parametrize("victim", [MAIN, FAILOVER])
 def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, victim):
-    """Triton 2.51 keeps a model with a dead stub READY; the watchdog notices (the one-instance
-    resnet50_onnx by its real-inference probe, the two-instance flow by its missing stub
-    process) and reloads it, and resnet50 answers through the flow again within 10 s."""
+    """Triton 2.51 keeps a model with a dead stub READY; the watchdog notices (the stub is a
+    zombie in the server's process group, whether the model has one instance or two) and
+    reloads it, and resnet50 answers through the flow again within 10 s."""
     srv = _serving(watched_server)
     client = ClassifyClient(srv.http_url, "http", model=FAILOVER)
     try:
