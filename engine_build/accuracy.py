@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,8 +34,8 @@ from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
 
-__all__ = ["GATE", "Engine", "EngineAccuracy", "Gate", "LabelsError", "engines_of", "measure", "read_labels", "served_runner",
-           "table"]
+__all__ = ["GATE", "Engine", "EngineAccuracy", "Gate", "LabelsError", "engines_of", "exact_runner", "measure", "read_labels",
+           "served_runner", "table"]
 
 LABELS_FILE = "labels.csv"
 
@@ -75,6 +76,7 @@ class Engine:
     path: Path
     settings_from: str  # the served model whose config.pbtxt gives its settings
     built_as: str = ""  # what its build stamp says (method, precision, calibration)
+    exact: bool = False  # an INT8 ONNX's own QDQ arithmetic, computed exactly (not its integer kernels)
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,11 @@ def _stamp(path: Path) -> str:
     return ", ".join(f"{k} {v}" for k, v in facts.items() if k != "weights")
 
 
-def engines_of(repo: Path, model: str, extra: Sequence[Path] = ()) -> list[Engine]:
+def engines_of(repo: Path, model: str, extra: Sequence[Path] = (), exact: bool = False) -> list[Engine]:
     """FP32 first, then every engine of `model` (a key of export_onnx.EXPORTS) that is built
     in `repo`, then `extra` files (an .onnx runs with <model>_int8's settings, an .xml with
-    <model>_openvino's)."""
+    <model>_openvino's). With `exact`, each INT8 ONNX also as its exact QDQ arithmetic
+    (exact_runner): what a CPU whose integer kernels do not saturate computes."""
     from .export_onnx import EXPORTS
 
     target = EXPORTS[model]
@@ -143,7 +146,24 @@ def engines_of(repo: Path, model: str, extra: Sequence[Path] = ()) -> list[Engin
             raise FileNotFoundError(f"--engine {path}: no such file")
         served = target.openvino_model if path.suffix == ".xml" else target.int8_model
         found.append(Engine(str(path), path, served, _stamp(path)))
+    if exact:
+        found += [Engine(f"{e.name} (exact QDQ arithmetic)", e.path, e.settings_from, e.built_as, exact=True)
+                  for e in found[1:] if e.path.suffix == ".onnx"]
     return found
+
+
+def exact_runner(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """`run(batch) -> logits` for an INT8 (QDQ) ONNX with onnxruntime's graph optimisations
+    off: every QuantizeLinear/DequantizeLinear pair runs as written, in float, so the result
+    is the quantized model's own arithmetic without the integer kernels' shortcuts (on a CPU
+    without VNNI, AVX2 sums pairs of u8 x s8 products into a saturating int16). Slow: a check,
+    never served."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(os.path.realpath(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return lambda x: session.run([CLASSIFIER_OUTPUT.name], {CLASSIFIER_INPUT.name: x})[0]
 
 
 def served_runner(repo: Path, served: str, path: Path) -> Callable[[np.ndarray], np.ndarray]:
@@ -164,7 +184,7 @@ def served_runner(repo: Path, served: str, path: Path) -> Callable[[np.ndarray],
     return lambda x: model.run({CLASSIFIER_INPUT.name: x})[CLASSIFIER_OUTPUT.name]
 
 
-def measure(repo: Path, model: str, folder: Path, extra: Sequence[Path] = (), batch: int = 1,
+def measure(repo: Path, model: str, folder: Path, extra: Sequence[Path] = (), batch: int = 1, exact: bool = False,
             gate: Gate = GATE) -> list[EngineAccuracy]:
     """Every engine of `model` (engines_of) on the labelled photos of `folder`, FP32 first."""
     from .export_onnx import EXPORTS
@@ -172,10 +192,10 @@ def measure(repo: Path, model: str, folder: Path, extra: Sequence[Path] = (), ba
     repo = Path(repo)
     labelled = read_labels(folder)
     spec = load_child(repo, EXPORTS[model].onnx_model).preprocess
-    engines = engines_of(repo, model, extra)
+    engines = engines_of(repo, model, extra, exact)
     if not engines[0].path.is_file():
         raise FileNotFoundError(f"{engines[0].path} is missing: run `python -m engine_build export --model {model}` first")
-    runners = [served_runner(repo, e.settings_from, e.path) for e in engines]
+    runners = [exact_runner(e.path) if e.exact else served_runner(repo, e.settings_from, e.path) for e in engines]
     classes = np.array([c for _, c in labelled])
     top5 = np.empty((len(engines), len(labelled), 5), np.int64)
     seconds = np.zeros(len(engines))

@@ -138,7 +138,7 @@ def _accuracy(args) -> int:
     from .export_onnx import exported_weights
 
     try:
-        results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch)
+        results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch, exact=args.exact)
     except (LabelsError, FileNotFoundError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--engine", type=Path, action="append", default=[],
                    help="also this ONNX (run as <model>_int8) or IR (.xml, as <model>_openvino); repeatable")
     c.add_argument("--batch", type=int, default=1, help="photos per inference (default: 1, one request at a time)")
+    c.add_argument("--exact", action="store_true",
+                   help="also score each INT8 ONNX's exact QDQ arithmetic (graph optimisations off): what CPUs whose "
+                        "INT8 kernels do not saturate compute (slow)")
     c.add_argument("--json", type=Path, help="also write the results here")
     c.add_argument("--model-repository", type=Path, default=MODELS, help=f"where the model folders are (default: {MODELS})")
     c.set_defaults(run=_accuracy)

