@@ -41,8 +41,11 @@ TARGETS = ("classifier", "classify_bls", "ensemble_resnet50")
 DRAFT = DecodePolicy().draft_min_side
 CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
 # A classifier engine as a target: "classifier@MODEL" is MODEL fed preprocessed tensors,
-# "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8).
-ENGINE_TARGETS = ("classifier", "classify_bls")
+# "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8),
+# "classify_peer@MODEL" the same work in one python model that runs MODEL's engine itself, no
+# child call (bench_flows/classify_peer/): classify_bls's one-model peer on the same engine.
+ENGINE_TARGETS = ("classifier", "classify_bls", "classify_peer")
+PEER = "classify_peer"
 # Region flows: read_text, and the same work with one child request per region, served from
 # bench_flows/: read_text_per_region, a flow that loops over the lines; read_text_handwritten,
 # a python model on pb_utils alone that loops over its requests, then their lines, the way
@@ -144,7 +147,7 @@ def _model(target: str, classifier: str = CLASSIFIER) -> str:
         return classifier
     engine = _engine(target)
     if engine is not None:
-        return engine[1] if engine[0] == "classifier" else f"classify_bls__{engine[1]}"
+        return engine[1] if engine[0] == "classifier" else f"{engine[0]}__{engine[1]}"
     if target in CASCADES:
         return "classify_bls_cascade_" + CASCADES[target].replace(".", "")
     return target
@@ -367,6 +370,13 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
             out[f"{bls} / {alone} images/s at c={c8}"] = by[bls, c8].images_per_s / by[alone, c8].images_per_s
         if (alone, c8) in by and ("classifier", c8) in by:
             out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
+        bls = "classify_bls" if engine == CLASSIFIER and (bls, c1) not in by else bls  # the FP32 peer's classify_bls
+        for c in conc:
+            if (bls, c) in by and (f"{PEER}@{engine}", c) in by:
+                peer = by[f"{PEER}@{engine}", c]
+                out[f"{bls} / {PEER}@{engine} images/s at c={c}"] = by[bls, c].images_per_s / peer.images_per_s
+                if c == c1:
+                    out[f"{bls} - {PEER}@{engine} p50 ms at c={c}"] = by[bls, c].p50_ms - peer.p50_ms
     for c in conc:
         if (SHADOW_TARGET, c) in by and ("classify_bls", c) in by:
             on, off = by[SHADOW_TARGET, c], by["classify_bls", c]
@@ -417,10 +427,11 @@ def _machine() -> dict:
 
 
 def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[str, ...] = (),
-                     shadow_share: float = 1.0) -> None:
+                     shadow_share: float = 1.0, peers: tuple[str, ...] = ()) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
     flip branch is off so classify_bls does the same work as the branch-less ensemble.
-    Each of `engines` gets a classify_bls__ENGINE: classify_bls with that classifier alone."""
+    Each of `engines` gets a classify_bls__ENGINE: classify_bls with that classifier alone;
+    each of `peers` a classify_peer__ENGINE: the one-model peer running that classifier's engine."""
     artifacts = ("*.onnx", "*.onnx.data", "*.plan", "*.xml", "*.bin")
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(*artifacts, "__pycache__"))
     for artifact in [a for pattern in artifacts for a in src.glob(f"*/1/{pattern}")]:
@@ -439,6 +450,11 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"classifiers": engine, "cascade_classifiers": "none",
                                                                             **({} if keep_branches else {"tta_threshold": "0"})}))
+    for engine in peers:
+        name = f"{PEER}__{engine}"
+        (dst / name / "1").mkdir(parents=True)
+        shutil.copy(BENCH_FLOWS / PEER / "model.py", dst / name / "1" / "model.py")
+        (dst / name / "config.pbtxt").write_text(config_variant(BENCH_FLOWS / PEER, name, {"engine": engine}))
     if (src / "read_text").is_dir():  # the per-region baseline: read_text's config, its own flow
         name = "read_text_per_region"
         if (dst / name).exists():
@@ -477,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
     p.add_argument("--targets", default=",".join(TARGETS),
-                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL or classify_bls@MODEL for a classifier "
-                        "MODEL of the repository (e.g. resnet50_int8), or any flow model in the repository (as it is configured)")
+                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL, classify_bls@MODEL or {PEER}@MODEL "
+                        "for a classifier MODEL of the repository (e.g. resnet50_int8), or any flow model in the repository "
+                        "(as it is configured)")
     p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="use a running server (its own config) instead of starting one")
@@ -494,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
+    peers = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == PEER}))
     bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET}
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
@@ -508,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share)
+            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers)
             needed = tuple(sorted({_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work

@@ -134,3 +134,26 @@ def test_children_are_counted_per_image_answered():
     after = {"text_recognizer": np.array([30.0, 140.0, 4e9])}
     assert children_per_image(before, after, 20) == {
         "text_recognizer": {"calls_per_image": 1.0, "rows_per_call": 5.0, "compute_ms_per_row": 20.0}}
+
+
+def test_the_one_model_peer_runs_the_same_engine_and_is_compared_within_a_round(tmp_path):
+    from bls_pipeline.tools.bench import PEER
+
+    src = tmp_path / "models"
+    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "__pycache__"))
+    bench_repository(src, tmp_path / "bench", keep_branches=False, engines=("resnet50_int8",), peers=("resnet50_int8",))
+    name = _model(f"{PEER}@resnet50_int8")
+    assert name == f"{PEER}__resnet50_int8" and (tmp_path / "bench" / name / "1" / "model.py").is_file()
+    config = parse_config(tmp_path / "bench" / name)
+    assert string_parameters(config)["engine"] == "resnet50_int8" and config.name == name
+    bls = parse_config(MODELS / "classify_bls")  # the peer queues, batches and scales as classify_bls does
+    assert (config.max_batch_size, config.instance_group, config.dynamic_batching) == (bls.max_batch_size, bls.instance_group,
+                                                                                    bls.dynamic_batching)
+    runs = {(t, c): [_point(t, c, ips * (2 if c == 8 else 1), p50)]
+            for t, ips, p50 in (("classify_bls", 20, 50), (f"{PEER}@resnet50_onnx", 25, 45), ("classify_bls@resnet50_int8", 60, 18),
+                                (f"{PEER}@resnet50_int8", 50, 16)) for c in (1, 8)}
+    median, _ = ratios(runs, [])
+    assert median[f"classify_bls@resnet50_int8 / {PEER}@resnet50_int8 images/s at c=8"] == 60 / 50
+    assert median[f"classify_bls@resnet50_int8 / {PEER}@resnet50_int8 images/s at c=1"] == 60 / 50
+    assert median[f"classify_bls@resnet50_int8 - {PEER}@resnet50_int8 p50 ms at c=1"] == 2.0
+    assert median[f"classify_bls / {PEER}@resnet50_onnx images/s at c=8"] == 20 / 25  # FP32: the bench's classify_bls
