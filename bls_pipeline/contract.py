@@ -61,3 +61,7 @@ BLS_MODEL = "classify_bls"
 # An inference request parameter: {"bls_probe": true} marks a request as a health probe (the
 # watchdog's). Flow models answer it as any request and keep it out of their bls_* metrics.
 PROBE_PARAMETER = "bls_probe"
+# Set by bls-serve in the environment of each tritonserver it starts (so of its python stubs):
+# how often it started one again after it died on its own. Flow models publish it as the gauge
+# bls_server_restarts.
+RESTARTS_ENV = "BLS_SERVER_RESTARTS"

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from ..contract import RESTARTS_ENV
 from ..runtime.trials import SCORE_DIFF_BOUNDS
 
 __all__ = ["FlowMetrics"]
@@ -58,8 +59,6 @@ _FAMILIES = {
 }
 
 
-# Set by bls-serve in tritonserver's environment (and so its stubs'): how often it restarted it.
-RESTARTS_ENV = "BLS_SERVER_RESTARTS"
 
 
 class FlowMetrics:

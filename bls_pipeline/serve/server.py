@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contract import RESTARTS_ENV  # passed to every tritonserver started: restarts so far
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
@@ -47,9 +48,6 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # load arbitrary models, read configs or map shared memory.
 RESTRICTED_APIS = "model-repository,model-config,shared-memory"
 SHM_PREFIX = "triton_python_backend_shm_region_"
-# Passed to every tritonserver the launcher starts: how many times it started one again after
-# the first (restart()); the flow models publish it as the gauge bls_server_restarts.
-RESTARTS_ENV = "BLS_SERVER_RESTARTS"
 
 
 def free_port() -> int:
