@@ -598,6 +598,13 @@ def _available_backends(binary: _Binary) -> set[str]:
 
 
 # ---- bls-serve ----------------------------------------------------------------------
+def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:
+    """tritonserver's flags to trace one request in `rate` into `file` (written a trace at a
+    time, as FILE.0, FILE.1, ...)."""
+    return ("--trace-config", f"triton,file={Path(file).resolve()}", "--trace-config", "triton,log-frequency=1",
+            "--trace-config", f"rate={rate}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1")
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -614,6 +621,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
+    p.add_argument("--trace", metavar="FILE", type=Path,
+                   help="trace every request (Triton's tracing, TIMESTAMPS) into FILE.0, FILE.1, ... one JSON list per "
+                        "trace; a flow's child calls show under a request's trace (docs/reliability.md, \"Tracing\")")
     p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
                    help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
                         f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
@@ -704,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         models=tuple(args.models.split(",")) if args.models else None,
         log_verbose=args.log_verbose,
         watchdog_interval_s=args.watchdog_interval,
+        extra_args=trace_args(args.trace) if args.trace else (),
     )
     if args.admin_key:
         opts.admin_key = args.admin_key

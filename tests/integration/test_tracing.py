@@ -16,6 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from bls_pipeline.serve.server import trace_args
+
 pytestmark = pytest.mark.integration
 
 FLOW, CHILD = "classify_bls_traced", "resnet50_onnx"  # one instance, 0.3 s to gather a batch, logs each execute()
@@ -43,9 +45,7 @@ def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_r
                                                                                     sample_images):
     traces = tmp_path / "traces"
     traces.mkdir()
-    server = server_factory(model_repo, tmp_path, models=(FLOW,), extra_args=(
-        "--trace-config", f"triton,file={traces / 'trace.json'}", "--trace-config", "triton,log-frequency=1",
-        "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1"))
+    server = server_factory(model_repo, tmp_path, models=(FLOW,), extra_args=trace_args(traces / "trace.json"))  # bls-serve --trace
     try:
         image = np.array([[sample_images["mug"]]], dtype=object)
         start = threading.Barrier(4)

@@ -47,6 +47,15 @@ def test_bls_serve_binds_loopback_unless_given_a_host(launched, tmp_path, capsys
     assert capsys.readouterr().err.splitlines() == ["bls-serve: error: stand-in launcher"] * 2
 
 
+def test_trace_turns_on_tritons_tracing_into_the_file(launched, tmp_path):
+    assert server.main(["--model-repository", str(tmp_path), "--trace", str(tmp_path / "trace.json")]) == 2
+    assert server.main(["--model-repository", str(tmp_path)]) == 2
+    traced, plain = launched
+    assert traced.extra_args[::2] == ("--trace-config",) * 5 and plain.extra_args == ()
+    assert f"triton,file={tmp_path / 'trace.json'}" in traced.extra_args and "rate=1" in traced.extra_args
+    assert "level=TIMESTAMPS" in traced.extra_args and "triton,log-frequency=1" in traced.extra_args
+
+
 def test_the_launcher_defaults_to_loopback(tmp_path):
     options = server.ServerOptions.on_free_ports(tmp_path, None)
     assert options.host == "127.0.0.1"
