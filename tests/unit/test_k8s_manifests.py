@@ -107,7 +107,8 @@ def test_deployment_has_what_triton_needs_on_a_cluster():
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
-    assert container["args"] == ["--model-repository", "$(MODEL_REPOSITORY)"]
+    # The repository from S3; a tritonserver that dies ends the container, for Kubernetes to restart.
+    assert container["args"] == ["--model-repository", "$(MODEL_REPOSITORY)", "--no-restart"]
 
 
 def test_service_hpa_and_pdb_point_at_the_deployment():
