@@ -65,3 +65,21 @@ def test_bench_names_a_missing_model_before_it_starts(tmp_path, repo_root, capsy
     assert "cannot benchmark without resnet50_onnx" in err
     assert f"{sys.executable} -m engine_build export --model resnet50 --weights random" in err  # works when copied
     assert not (tmp_path / "out").exists()
+
+
+def test_the_one_model_peer_answers_beside_classify_bls_on_the_same_engine(model_repo, repo_root, tmp_path):
+    """bls-bench's classify_peer@MODEL (one python model running MODEL's engine itself) loads
+    from its own repository copy and answers every request, beside classify_bls@MODEL."""
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(repo_root / "samples" / "mug.jpg", images)
+    out = tmp_path / "bench"
+    engine = "efficientnet_lite0_onnx"
+    targets = f"classify_bls@{engine},classify_peer@{engine}"
+    assert bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0.5", "--model-repository", str(model_repo),
+                       "--images", str(images), "--targets", targets, "--out", str(out)]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    points = {p["target"]: p for p in report["points"]}
+    assert set(points) == set(targets.split(","))
+    assert all(p["errors"] == 0 and p["requests"] > 0 for p in points.values())
+    assert f"classify_bls@{engine} / classify_peer@{engine} images/s at c=1" in report["meta"]["ratios"]
