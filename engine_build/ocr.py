@@ -54,11 +54,14 @@ class OcrModel:
     member: str  # path of the ONNX file inside the wheel
     names: dict[str, str]  # the wheel's tensor names -> ours (config.pbtxt)
     characters: bool = False  # its metadata's character list goes to <folder>/1/characters.txt
+    # Also an OpenVINO IR of it (<folder>/1/model.xml + .bin, FP32): the detector's, which
+    # OpenVINO runs faster here with the same boxes (docs/performance.md), detect.py opening it.
+    openvino: bool = False
 
 
 OCR_MODELS = (
     OcrModel("text_detector", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-             {"x": "image", "sigmoid_0.tmp_0": "prob_map"}),
+             {"x": "image", "sigmoid_0.tmp_0": "prob_map"}, openvino=True),
     OcrModel("text_orientation", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
              {"x": "image", "save_infer_model/scale_0.tmp_1": "probs"}),
     OcrModel("text_recognizer", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
@@ -151,6 +154,23 @@ def _write_model(data: bytes, model: OcrModel, version_dir: Path) -> dict[str, s
     return {p.key: p.value for p in proto.metadata_props}
 
 
+def _write_openvino(onnx_path: Path) -> Path | None:
+    """An FP32 OpenVINO IR of onnx_path beside it (model.xml, model.bin), or None, saying why,
+    where openvino is not installed (the model then runs its ONNX by onnxruntime)."""
+    try:
+        import openvino as ov
+    except ImportError:
+        log.warning("openvino is not installed: %s runs by onnxruntime (pip install 'bls-pipeline[openvino]' "
+                    "for its faster OpenVINO IR)", onnx_path.parent.parent.name)
+        return None
+    target = onnx_path.with_suffix(".xml")
+    partial = target.with_name("partial.xml")  # its .bin beside it: renamed together once both are written
+    ov.save_model(ov.convert_model(str(onnx_path)), str(partial), compress_to_fp16=False)
+    os.replace(partial.with_suffix(".bin"), target.with_suffix(".bin"))
+    os.replace(partial, target)
+    return target
+
+
 def build_ocr_models(repository: Path = MODELS, cache: Path = CACHE) -> dict[str, Path]:
     """Writes the three OCR models' ONNX files (and the recogniser's characters) into
     `repository`; returns {model folder: ONNX path}."""
@@ -170,6 +190,8 @@ def build_ocr_models(repository: Path = MODELS, cache: Path = CACHE) -> dict[str
                         raise ValueError(f"{model.member} has no {CHARACTERS_KEY!r} metadata: cannot write its characters")
                     (version_dir / CHARACTERS_FILE).write_text(metadata[CHARACTERS_KEY].rstrip("\n") + "\n", encoding="utf-8")
                 written[model.folder] = version_dir / "model.onnx"
+                if model.openvino:
+                    _write_openvino(written[model.folder])
                 log.info("wrote %s (%s, inputs/outputs %s)", written[model.folder], Path(model.member).name,
                          ", ".join(f"{a} -> {b}" for a, b in model.names.items()))
                 steps.update()

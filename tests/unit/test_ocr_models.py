@@ -312,6 +312,27 @@ def test_a_page_of_more_words_than_max_boxes_keeps_the_best_in_reading_order():
 @pytest.mark.parametrize(("model", "file"), [("text_detector", "model.onnx"), ("text_recognizer", "characters.txt")])
 def test_a_missing_model_file_fails_the_load_not_a_request(tmp_path, model, file):
     folder = tmp_path / model / "1"
-    shutil.copytree(MODELS / model / "1", folder, ignore=shutil.ignore_patterns("*.onnx", "*.txt", "__pycache__"))
+    shutil.copytree(MODELS / model / "1", folder, ignore=shutil.ignore_patterns("*.onnx", "*.xml", "*.bin", "*.txt",
+                                                                                "__pycache__"))
     with pytest.raises(FileNotFoundError, match=f"{file} is missing"):
         load_function(folder, string_parameters(parse_config(MODELS / model))["function"])
+
+
+def test_the_detector_runs_its_openvino_ir_where_built_with_the_onnx_files_prob_map(ocr_repository, tmp_path):
+    """engine_build ocr writes the detector's IR beside its ONNX; detect.py opens the IR (the
+    same probability map, to float32's last digits), and the ONNX where there is no IR."""
+    pytest.importorskip("openvino", reason="the detector's IR needs openvino")
+    from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+
+    folder = ocr_repository / "text_detector" / "1"
+    assert (folder / "model.xml").is_file() and (folder / "model.bin").is_file()
+    spec = string_parameters(parse_config(ocr_repository / "text_detector"))["function"]
+    with_ir = load_function(folder, spec).__globals__["_model"]  # what its setup() opened
+    assert isinstance(with_ir, OpenVinoModel)
+    onnx_only = tmp_path / "1"
+    shutil.copytree(folder, onnx_only, ignore=shutil.ignore_patterns("*.xml", "*.bin", "__pycache__"))
+    without = load_function(onnx_only, spec).__globals__["_model"]
+    assert isinstance(without, OnnxModel)
+    image = np.random.default_rng(0).uniform(-1, 1, (1, 3, 640, 640)).astype(np.float32)
+    np.testing.assert_allclose(with_ir.run({"image": image})["prob_map"], without.run({"image": image})["prob_map"],
+                               atol=1e-4)

@@ -18,12 +18,13 @@ area * UNCLIP_RATIO / perimeter on each side (the detector was trained on shrunk
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
-from bls_pipeline.runtime.onnx import OnnxModel
+from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
 
 THRESH = 0.3  # probability above which a pixel is text
 BOX_THRESH = 0.5  # a box's mean probability below which it is dropped
@@ -34,14 +35,25 @@ LINE_TOLERANCE = 10  # px: boxes whose tops are this close are one line, read le
 DILATE = True
 
 _MODEL_FILE = Path(__file__).resolve().parent / "model.onnx"
+_IR_FILE = _MODEL_FILE.with_suffix(".xml")  # the same network as an OpenVINO IR (engine_build ocr)
 _THREADS = min(4, os.cpu_count() or 1)
-_model: OnnxModel | None = None
+_model: OnnxModel | OpenVinoModel | None = None
+log = logging.getLogger("bls_pipeline.models.text_detector")
 
 
 def setup() -> None:
-    """At load (runtime/functions.py): the ONNX session, so a missing or broken model.onnx
-    fails the load, not a request."""
+    """At load (runtime/functions.py): the network, so a missing or broken file fails the
+    load, not a request. Its OpenVINO IR in FP32 where engine_build wrote one and openvino is
+    installed (the same boxes as the ONNX, faster on the CPU: docs/performance.md), else the
+    ONNX by onnxruntime; the log says which."""
     global _model
+    if _IR_FILE.is_file():
+        try:
+            _model = OpenVinoModel(_IR_FILE, ["image"], ["prob_map"], threads=_THREADS, precision="f32")
+            return
+        except ImportError:
+            log.warning("text_detector: %s is here but openvino is not installed: running %s by onnxruntime",
+                        _IR_FILE.name, _MODEL_FILE.name)
     _model = OnnxModel(_MODEL_FILE, ["image"], ["prob_map"], intra_op_threads=_THREADS)
 
 
