@@ -29,8 +29,20 @@ _NUMPY = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT8": np
           "UINT64": np.uint64, "BOOL": np.bool_, "STRING": np.object_, "BYTES": np.object_}
 
 
-def numpy_dtype(triton: str) -> type:
-    return _NUMPY[triton]
+def numpy_dtype(triton: str, default: type | None = None) -> type:
+    """The numpy type of a Triton data type ("FP32" -> np.float32); `default` for one numpy
+    has none (BF16), else KeyError."""
+    return _NUMPY[triton] if default is None else _NUMPY.get(triton, default)
+
+
+# numpy's (and torch's) names of those types -> Triton's: the same table read backwards.
+_TRITON = {np.dtype(t).name: name for name, t in _NUMPY.items() if t is not np.object_} | {"bfloat16": "BF16"}
+
+
+def triton_dtype(name: str) -> str:
+    """Triton's data type for a numpy or torch dtype name ("float32" -> "FP32"); the name
+    itself where Triton has none."""
+    return _TRITON.get(name, name)
 
 
 class Answer:

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .answer import numpy_dtype
+from .answer import numpy_dtype, triton_dtype
 from .children import ChildModel, TensorInfo
 from .device import Device
 from .errors import ChildCallError, FlowError
@@ -380,10 +380,4 @@ def _dtype_name(value) -> str:
     """A returned array's data type in Triton's words (FP32, STRING...), numpy or torch."""
     if isinstance(value, np.ndarray) and value.dtype.kind in "OSU":
         return "STRING"
-    name = value.dtype.name if isinstance(value, np.ndarray) else str(value.dtype).replace("torch.", "")
-    return _TRITON_TYPES.get(name, name)
-
-
-_TRITON_TYPES = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "bfloat16": "BF16", "int8": "INT8",
-                 "int16": "INT16", "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "uint16": "UINT16",
-                 "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL"}
+    return triton_dtype(value.dtype.name if isinstance(value, np.ndarray) else str(value.dtype).replace("torch.", ""))

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 from PIL import Image
 
+from .answer import numpy_dtype
 from .calls import ChildRequest
 from .results import ImageRequest, RequestError
 from .settings import ConfigError
@@ -22,10 +23,6 @@ from .settings import ConfigError
 __all__ = ["check_flow"]
 
 log = logging.getLogger(__name__)
-
-_NUMPY = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT8": np.int8, "INT16": np.int16,
-          "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16, "BOOL": np.bool_}
-
 
 def _probe_image() -> bytes:
     buf = io.BytesIO()
@@ -44,7 +41,7 @@ def _stand_in(runtime):
                 if o.name in req.outputs:
                     shape = (n, *[max(d, 1) for d in o.dims])
                     outputs[o.name] = (np.full(shape, b"", dtype=object) if o.dtype in ("STRING", "BYTES")
-                                       else np.zeros(shape, dtype=_NUMPY.get(o.dtype, np.float32)))
+                                       else np.zeros(shape, dtype=numpy_dtype(o.dtype, np.float32)))
             replies.append(outputs)
         return replies
     return send
