@@ -27,7 +27,7 @@ from PIL import Image
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
 from bls_pipeline.serve.server import RESTARTS_ENV, SHM_PREFIX, free_port
-from test_faults import BACKUP, FAILOVER, MAIN, STOP_S, Traffic
+from test_faults import BACKUP, FAILOVER, MAIN, STOP_S, Traffic, _group_exists
 
 pytestmark = pytest.mark.integration
 
@@ -111,14 +111,6 @@ class BlsServe:
                 self.proc.wait(timeout=10)
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return False
-    except ProcessLookupError:
-        return True
-
-
 def _shm_regions(prefix: str) -> list[str]:
     return [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefix)]
 
@@ -171,7 +163,7 @@ def test_sigterm_after_a_stub_killed_under_load_stops_within_5_s_and_leaves_noth
                          r"\(exit code -9\) for 1 model copy", out), out[-3000:]
     assert code == 0, out[-3000:]
     assert took <= STOP_S, f"SIGTERM to exit took {took:.1f} s:\n{out[-3000:]}"
-    assert _group_gone(triton) and not _shm_regions(bls.shm_prefix)
+    assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
     print(f"\n{len(records)} requests over HTTP and gRPC, all answered; old copy "
           f"{'kept by a request into its dead stub' if stuck else 'unloaded'}; SIGTERM to exit {took:.1f} s, "
           f"bls-serve exit code {code}")
@@ -275,7 +267,7 @@ def test_bls_serve_restarts_a_tritonserver_that_died_of_sigsegv(model_repo, samp
                 assert time.monotonic() < deadline, bls.output()[-3000:]
                 time.sleep(0.1)
         second = bls.tritonserver()
-        assert second != first and _group_gone(first)  # the dead one's stubs went with it
+        assert second != first and not _group_exists(first)  # the dead one's stubs went with it
         assert f"{RESTARTS_ENV}=1".encode() in Path(f"/proc/{second}/environ").read_bytes().split(b"\0")
         assert _restarts_gauge(bls) == {1.0}  # what an operator reads: the flow models publish it
 
@@ -284,7 +276,7 @@ def test_bls_serve_restarts_a_tritonserver_that_died_of_sigsegv(model_repo, samp
         bls.wait_for_line(r"WATCHDOG: model 'resnet50_onnx' reloaded, serving again", restarted)
         took, code = bls.sigterm()
     assert code == 0, bls.output()[-3000:]
-    assert _group_gone(second) and not _shm_regions(bls.shm_prefix)
+    assert not _group_exists(second) and not _shm_regions(bls.shm_prefix)
     print(f"\ntritonserver died of SIGSEGV; answering again over HTTP and gRPC {answered - crashed:.1f} s later "
           f"(restart 1); stopped {took:.1f} s after SIGTERM")
 
@@ -301,4 +293,4 @@ def test_no_restart_lets_bls_serve_exit_1_when_tritonserver_dies(model_repo, cra
     assert re.search(r"tritonserver died of SIGSEGV after \d+ s serving, not on a stop: the requests in flight were "
                      r"lost; --no-restart: bls-serve exits 1", out), out[-3000:]
     assert "restarting it" not in out
-    assert _group_gone(triton) and not _shm_regions(bls.shm_prefix)
+    assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
