@@ -65,3 +65,7 @@ PROBE_PARAMETER = "bls_probe"
 # how often it started one again after it died on its own. Flow models publish it as the gauge
 # bls_server_restarts.
 RESTARTS_ENV = "BLS_SERVER_RESTARTS"
+# Set by bls-serve likewise: the models on standby, comma-separated. A flow calls each of them
+# only when a candidate before it in a list is gone, so its engine (an *_onnx, *_int8 or
+# *_openvino model) is held only while calls come (runtime/standby.py).
+STANDBY_ENV = "BLS_STANDBY_MODELS"

@@ -19,7 +19,7 @@ from typing import Callable
 from .modelconfig import parse_config, string_parameters
 from .settings import ConfigError, Settings, parse_settings
 
-__all__ = ["FLOW_FILE", "FlowDefinition", "declared_models", "is_flow_model", "load_flow"]
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
 
 FLOW_FILE = "flow.py"
 
@@ -71,8 +71,14 @@ def is_flow_model(model_dir: Path, version: str = "1") -> bool:
 def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
     """The models the flow in model_dir may call, with its config.pbtxt's settings applied
     (what the launcher loads with it, and unloads after it when draining)."""
+    return tuple(dict.fromkeys(m for models in declared_preferences(model_dir, version) for m in models))
+
+
+def declared_preferences(model_dir: Path, version: str = "1") -> tuple[tuple[str, ...], ...]:
+    """The flow's lists of candidates, each in its order of preference, with its config.pbtxt's
+    settings applied; a shadow's or a canary's model is a list of its own."""
     model_dir = Path(model_dir)
     flow = load_flow(model_dir / version / FLOW_FILE)
     runtime, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
-    trials = tuple(t.model for t in (runtime.shadow, runtime.canary) if t is not None)  # a shadow's, a canary's
-    return tuple(dict.fromkeys(settings.models() + trials))
+    trials = tuple((t.model,) for t in (runtime.shadow, runtime.canary) if t is not None)
+    return tuple(tuple(c) for c in settings.candidate_lists()) + trials

@@ -275,14 +275,13 @@ class Settings:
         names in the metrics), or None."""
         return next((f.name for f in self._fields if f.type is Candidates and getattr(self, f.name) == tuple(candidates)), None)
 
+    def candidate_lists(self) -> tuple[Candidates, ...]:
+        """The Candidates settings that are on, in declaration order: each a preference order."""
+        return tuple(v for f in self._fields if f.type is Candidates and (v := getattr(self, f.name)))
+
     def models(self) -> tuple[str, ...]:
         """Every model name the Candidates settings hold, in declaration order, once each."""
-        names: dict[str, None] = {}
-        for f in self._fields:
-            value = getattr(self, f.name)
-            if f.type is Candidates and value:
-                names.update(dict.fromkeys(value))
-        return tuple(names)
+        return tuple(dict.fromkeys(m for models in self.candidate_lists() for m in models))
 
 
 class _NoSettings(Settings):

@@ -14,10 +14,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.loader import declared_models, is_flow_model
+from ..runtime.loader import declared_models, declared_preferences, is_flow_model
 from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
-__all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading"]
+__all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading", "standby_models"]
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,7 @@ def _ir_problem(path: Path) -> str | None:
 class LoadPlan:
     load: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)
+    standby: dict[str, str] = field(default_factory=dict)  # standby_models(): model -> the one before it
 
 
 def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, ...] | None = None,
@@ -258,7 +259,8 @@ def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, .
         helper_only = callers and all(repo.configs[c].platform == "ensemble" for c in callers)
         if helper_only and name not in skipped and (only is None or name not in only) and all(c in skipped for c in callers):
             skipped[name] = f"only {', '.join(callers)} use{'s' if len(callers) == 1 else ''} it, and {'it' if len(callers) == 1 else 'they'} cannot load"
-    return LoadPlan(load=tuple(n for n in wanted if n not in skipped), skipped={n: skipped[n] for n in wanted if n in skipped})
+    load = tuple(n for n in wanted if n not in skipped)
+    return LoadPlan(load=load, skipped={n: skipped[n] for n in wanted if n in skipped}, standby=standby_models(repo, load))
 
 
 def drain_stages(repo: Path | Repository, loaded: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -273,3 +275,23 @@ def drain_stages(repo: Path | Repository, loaded: tuple[str, ...]) -> list[tuple
         stages.append(stage)
         left = [m for m in left if m not in stage]
     return stages
+
+
+def standby_models(repo: Path | Repository, loaded: tuple[str, ...]) -> dict[str, str]:
+    """{model: the model that answers before it} for the loaded models that are only ever a
+    later candidate behind a loaded one: a flow calls them only once that one is gone. A
+    model first among the loaded candidates of any list, an ensemble's step, or one no loaded
+    model calls (a client asked for it by name) answers, so it is not on standby."""
+    repo = repo if isinstance(repo, Repository) else Repository.read(repo)
+    behind: dict[str, str] = {}
+    answering: set[str] = set()
+    for caller in loaded:
+        if repo.configs[caller].platform == "ensemble":
+            answering.update(repo.callees[caller])
+        elif repo.callees[caller]:  # a flow (its callees read without error)
+            for models in declared_preferences(repo.root / caller):
+                present = [m for m in models if m in loaded]
+                answering.update(present[:1])
+                for m in present[1:]:
+                    behind.setdefault(m, present[0])
+    return {m: first for m, first in behind.items() if m not in answering}

@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import RESTARTS_ENV  # passed to every tritonserver started: restarts so far
+from ..contract import RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
@@ -207,6 +207,8 @@ class TritonServer:
         binary = self._binary
         for name, why in plan.skipped.items():
             log.info("not loading %s: %s", name, why)  # the caller says so to its user (bls-serve, bls-demo)
+        for name, first in plan.standby.items():
+            log.info("%s is on standby behind %s: it holds its engine only while calls come", name, first)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
         _check_ports_free(opts)
@@ -238,7 +240,7 @@ class TritonServer:
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
         self._proc = subprocess.Popen(
             cmd,
-            env={**binary.env, RESTARTS_ENV: str(self.restarts)},
+            env={**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby)},
             stdin=subprocess.DEVNULL,
             stdout=self._log_handle,
             stderr=subprocess.STDOUT if self._log_handle else None,

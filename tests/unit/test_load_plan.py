@@ -65,3 +65,33 @@ def test_a_native_gpu_model_on_a_server_without_its_backend_names_the_backend(re
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     plan = plan_loading(repo, {"python"}, only=("colour_net",))
     assert plan.skipped == {"colour_net": "this tritonserver has no onnxruntime backend"}
+
+
+# ---- standby: fallbacks a flow calls only once the candidate before them is gone ---------------
+GRAPH_ONLY = b"\x3a\x00"  # a ModelProto with an empty graph: whole enough for the plan
+
+
+def test_a_fallback_behind_a_loaded_engine_is_on_standby_and_names_it(repo):
+    for family in ("efficientnet_lite0", "resnet50"):
+        (repo / f"{family}_int8" / "1" / "model.onnx").write_bytes(GRAPH_ONLY)
+    plan = plan_loading(repo, {"python"}, only=("classify_bls",))
+    assert plan.standby == {"efficientnet_lite0_onnx": "efficientnet_lite0_int8", "resnet50_onnx": "resnet50_int8"}
+
+
+def test_without_an_engine_before_it_the_fallback_answers(repo):
+    assert plan_loading(repo, {"python"}, only=("classify_bls",)).standby == {}
+
+
+def test_an_ensemble_step_or_a_model_first_in_any_list_is_not_on_standby(repo):
+    """resnet50_onnx is the ensemble's classifier; a flow listing efficientnet_lite0_onnx first
+    calls it whatever else is loaded."""
+    for family in ("efficientnet_lite0", "resnet50"):
+        (repo / f"{family}_int8" / "1" / "model.onnx").write_bytes(GRAPH_ONLY)
+    shutil.copytree(repo / "classify_bls", repo / "onnx_first")
+    config = (repo / "onnx_first" / "config.pbtxt").read_text().replace('name: "classify_bls"', 'name: "onnx_first"')
+    config = config.replace('"efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"',
+                            '"efficientnet_lite0_onnx,efficientnet_lite0_int8"')
+    (repo / "onnx_first" / "config.pbtxt").write_text(config)
+    plan = plan_loading(repo, {"python"}, only=("classify_bls", "ensemble_resnet50", "onnx_first"))
+    assert {"efficientnet_lite0_onnx", "resnet50_onnx", "resnet50_int8"} <= set(plan.load)
+    assert plan.standby == {}
