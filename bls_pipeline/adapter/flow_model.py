@@ -20,11 +20,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..contract import CLASS_IDS, IMAGE, LABELS, PROBE_PARAMETER, ROUTE, SCORES, TOPK
+from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
 from ..runtime.results import BAD_INPUT, BROKEN, UNAVAILABLE, ImageRequest, Prediction
-from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, model_parameters
+from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport
 
@@ -56,10 +56,10 @@ def flow_model(pb_utils: Any) -> type:
         def execute(self, requests):
             # Health probes (the watchdog's) run apart from users' requests, unmetered (the
             # bls_* counters count users' traffic only) and on the stable models alone.
-            probe = [_is_probe(r) for r in requests]
+            probe = [is_probe(r) for r in requests]
             results = [None] * len(requests)
-            for is_probe in (False, True):
-                part = [i for i, p in enumerate(probe) if p == is_probe]
+            for probing in (False, True):
+                part = [i for i, p in enumerate(probe) if p == probing]
                 if not part:
                     continue
                 # Every child call of this run serves all of its requests: it joins the trace
@@ -68,14 +68,14 @@ def flow_model(pb_utils: Any) -> type:
                 self.transport.trace = requests[part[0]].trace()
                 try:
                     answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send,
-                                                        probe=is_probe)
+                                                        probe=probing)
                 finally:
                     self.transport.trace = None
-                if not is_probe:
+                if not probing:
                     self.metrics.record(timings)
                 if self.runtime.runtime.log_executions:
                     log.info("%s", execution_line(self.runtime.name, self.instance, [requests[i].request_id() for i in part],
-                                                  answers, timings, probe=is_probe))
+                                                  answers, timings, probe=probing))
                 for i, answer in zip(part, answers):
                     results[i] = answer
             responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
@@ -107,14 +107,6 @@ def execution_line(flow: str, instance: str, request_ids: list[str], results: li
                      for child, st in timings.children.items()},
     }
     return json.dumps(record, separators=(",", ":"))
-
-
-def _is_probe(request) -> bool:
-    """Whether the request carries {PROBE_PARAMETER: true} among its parameters."""
-    try:
-        return json.loads(request.parameters() or "{}").get(PROBE_PARAMETER) is True
-    except (ValueError, AttributeError):
-        return False
 
 
 def _declared_outputs(args: dict) -> list[TensorInfo]:

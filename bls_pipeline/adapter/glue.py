@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "instance_device", "model_parameters",
+from ..contract import PROBE_PARAMETER
+
+__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "instance_device", "is_probe", "model_parameters",
            "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
 
 
@@ -106,3 +108,11 @@ def freeze_startup_objects() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def is_probe(request: Any) -> bool:
+    """Whether the request carries {PROBE_PARAMETER: true} among its parameters (the watchdog's)."""
+    try:
+        return json.loads(request.parameters() or "{}").get(PROBE_PARAMETER) is True
+    except (ValueError, AttributeError):
+        return False

@@ -6,19 +6,27 @@
 
 The ONNX file is the `artifact` parameter's, in the version folder; its inputs and outputs
 (names, data types, dims) are checked against the model's own config.pbtxt at load.
+
+A model bls-serve names on standby (STANDBY_ENV: a fallback that a flow calls only when a
+candidate before it is gone) holds its engine only while calls come (runtime/standby.py).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from ..contract import STANDBY_ENV
 from ..runtime import hooks
+from ..runtime.answer import numpy_dtype
 from ..runtime.artifact_io import Declared
 from ..runtime.onnx import OnnxModel
-from .glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy, tensor_to_numpy
+from ..runtime.standby import StandbyEngine
+from .glue import bridge_logging, freeze_startup_objects, is_probe, model_parameters, tensor_from_numpy, tensor_to_numpy
 
 __all__ = ["onnx_model"]
 
@@ -45,10 +53,32 @@ def batch_model(pb_utils: Any, load: Callable[[Path, Declared, dict[str, str]], 
             params = model_parameters(args)
             declared = Declared.from_json(args["model_config"])
             self.inputs, self.outputs = declared.names
-            self.model = load(Path(args["model_repository"]) / args["model_version"] / params["artifact"], declared, params)
+            path = Path(args["model_repository"]) / args["model_version"] / params["artifact"]
+            self._released = threading.Event()
+            if args["model_name"] in os.environ.get(STANDBY_ENV, "").split(","):
+                self.model = StandbyEngine(args["model_name"], lambda: load(path, declared, params),
+                                           float(params.get("standby_release_s", "30")))
+                threading.Thread(target=self._release_when_idle, name="bls-standby", daemon=True).start()
+            else:
+                self.model = load(path, declared, params)
+            self._probe_answer = {t.name: np.zeros([1, *(max(d, 1) for d in t.dims)], numpy_dtype(t.dtype))
+                                  for t in declared.outputs}
             freeze_startup_objects()
 
+        def _release_when_idle(self):
+            period = min(5.0, max(self.model.release_after_s / 4, 0.1))
+            while not self._released.wait(period):
+                self.model.release_if_idle()
+
+        def finalize(self):
+            self._released.set()
+
         def execute(self, requests):
+            if isinstance(self.model, StandbyEngine) and all(map(is_probe, requests)):
+                # The watchdog's probes find a standby's stub alive; they neither open its
+                # engine nor keep it open (its calls judge it).
+                return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in self._probe_answer.items()])
+                        for _ in requests]
             feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests] for name in self.inputs}
             sizes = [len(a) for a in feeds[self.inputs[0]]]
             with hooks.stage(stage):

@@ -55,6 +55,10 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Pa
     for artifact, model in ((onnx_model, "resnet50_onnx"), (effnet_onnx_model, "efficientnet_lite0_onnx")):
         for src in artifact_files(artifact):  # the graph, its weights, the weights stamp
             shutil.copy(src, repo / model / "1" / src.name)
+    # On standby (behind resnet50 in classify_bls_failover, on its own servers), it lets go of
+    # its engine after 2 s without a call, not 30: test_faults sees it.
+    with open(repo / "efficientnet_lite0_onnx" / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "standby_release_s", value: { string_value: "2" } }\n')
     # resnet50 alone, no cascade: parity with onnxruntime and the ensemble.
     _variant(repo, "classify_bls", "classify_bls_resnet50", {"cascade_classifiers": "none"})
     _variant(repo, "classify_bls", "classify_bls_tta", {"cascade_classifiers": "none", "tta_threshold": "1.0"})

@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
 from bls_pipeline.serve.server import StopReport
+from bls_pipeline.tools.footprint import measure
 
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"  # resnet50_onnx first, efficientnet_lite0_onnx next, no cascade
@@ -152,19 +153,33 @@ def _wait_until_unloaded(server, model: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_unloaded_classifier_reroutes_then_comes_back(faults_server, sample_images):
+def _private_mib(server, model: str) -> float:
+    """The private memory of the model's one stub (bls-footprint's measure)."""
+    (row,) = [r for r in measure(server) if r.process == f"{model}_0_0"]
+    return row.private_mib
+
+
+def test_unloaded_classifier_reroutes_to_its_standby_fallback_then_comes_back(faults_server, sample_images):
+    """The fallback is on standby behind resnet50 (bls-serve names it so): it holds no engine
+    until resnet50 goes, then opens it and takes every call, and lets go of it again once
+    resnet50 is back and no call came for its standby_release_s (conftest: 2 s)."""
     srv = _serving(faults_server)
+    assert srv.plan().standby == {BACKUP: MAIN}
     with Traffic(srv.http_url, "http", FAILOVER, sample_images["mug"]) as traffic:
         traffic.wait_for(10)
+        standby_mib = _private_mib(srv, BACKUP)
         unload_called = time.monotonic()
         srv.unload_model(MAIN)
         _wait_until_unloaded(srv, MAIN)
         unloaded = time.monotonic()
         traffic.wait_for(20, sent_after=unloaded)
+        serving_mib = _private_mib(srv, BACKUP)
         load_called = time.monotonic()
         srv.load_model(MAIN)  # returns once it is READY
         loaded = time.monotonic()
         traffic.wait_for(10, sent_after=loaded + RECHECK_S)
+        _wait_for(lambda: _private_mib(srv, BACKUP) < standby_mib + 15, f"{BACKUP} releasing its engine", timeout=30)
+        released_mib = _private_mib(srv, BACKUP)
     traffic.assert_every_thread_accounted_for()
     assert [r.error for r in traffic.records if r.error] == []  # no good request lost
     before = [r.route for r in traffic.records if r.answered < unload_called]
@@ -173,6 +188,15 @@ def test_unloaded_classifier_reroutes_then_comes_back(faults_server, sample_imag
     assert set(before) == {f"{MAIN}:direct"} and len(before) >= 10
     assert set(during) == {f"{BACKUP}:direct"} and len(during) >= 20
     assert set(after) == {f"{MAIN}:direct"} and len(after) >= 10
+    # Standby, it held the stub and no engine: efficientnet_lite0's session with its arena is more than 40 MiB.
+    assert serving_mib > standby_mib + 40, (standby_mib, serving_mib)
+    steady = sorted(r.answered - r.sent for r in traffic.records if r.answered < unload_called)
+    first_backup = min((r for r in traffic.records if r.route == f"{BACKUP}:direct"), key=lambda r: r.answered)
+    slowest = max(r.answered - r.sent for r in traffic.records if unload_called <= r.answered <= first_backup.answered + 1)
+    print(f"\n{BACKUP} private MiB: {standby_mib:.0f} on standby, {serving_mib:.0f} serving, {released_mib:.0f} released; "
+          "takeover: first answer "
+          f"{first_backup.answered - unload_called:.2f} s after the unload began, slowest request around it "
+          f"{slowest:.2f} s (median before: {steady[len(steady) // 2]:.3f} s)")
 
 
 # ---- shutdown (after the unloaded classifier: it stops their server) ----------------------------
@@ -249,6 +273,11 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
 
 # ---- killed stubs --------------------------------------------------------------------------------
 
+def _standby_openings(server) -> int:
+    """How often the standby fallback opened its engine (runtime/standby.py logs each)."""
+    return Path(server.options.log_file).read_text(errors="replace").count(f"{BACKUP} takes calls: its engine opened")
+
+
 def _stub_pid(server, instance: str) -> int:
     out = subprocess.run(["pgrep", "-a", "-g", str(server.pid)], capture_output=True, text=True).stdout
     pids = [int(line.split()[0]) for line in out.splitlines() if "triton_python_backend_stub" in line and f" {instance} " in line]
@@ -266,6 +295,11 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     try:
         _wait_for_route(client, sample_images["mug"], f"{MAIN}:direct")  # both instances back on resnet50 (an earlier kill)
         recoveries = len(srv.watchdog.recoveries)
+        if victim == MAIN:  # the standby fallback takes over: the watchdog's probes did not open it before
+            opened = _standby_openings(srv)
+            rounds = srv.watchdog.rounds
+            _wait_for(lambda: srv.watchdog.rounds >= rounds + 2, "two rounds of probes")
+            assert _standby_openings(srv) == opened
         os.kill(_stub_pid(srv, f"{victim}_0_0"), signal.SIGKILL)
         killed = time.monotonic()
         assert srv.is_model_ready(victim)  # what Triton claims: still READY
@@ -283,6 +317,8 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     finally:
         client.close()
     (event,) = srv.watchdog.recoveries[recoveries:]
+    if victim == MAIN:
+        assert not errors and _standby_openings(srv) > opened  # the fallback opened and answered meanwhile
     assert event.model == victim and event.recovered_at is not None and event.detected_at > killed
     for message in errors:  # while dead: the stub's error; while reloading: another classifier or none ready
         assert "is not healthy" in message or "no classifier is ready" in message, message
