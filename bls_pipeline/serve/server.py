@@ -66,7 +66,9 @@ class ServerOptions:
     models: tuple[str, ...] | None = None  # None: every model whose parts are present; else these and what they call
     exclude: dict[str, str] = field(default_factory=dict)  # models not to load: {name: why}
     exclude_baselines: bool = False  # also leave out the bench baselines that `models` does not need (bls-serve)
-    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    # Hex: a key that begins with "-" (1 in 64 of token_urlsafe's) reads as an option to
+    # `bls-rollout --admin-key KEY` and the other commands that take it.
+    admin_key: str = field(default_factory=lambda: secrets.token_hex(16))
     exit_timeout_s: int = 20
     startup_timeout_s: float = 180.0
     log_verbose: int = 0

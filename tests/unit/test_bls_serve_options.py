@@ -154,3 +154,15 @@ def test_a_stop_during_the_backoff_ends_bls_serve_at_once(monkeypatch):
     began = time.monotonic()
     assert server._serve(fake, stop, restart=True) is None
     assert time.monotonic() - began < 30 and fake.restarts == 0
+
+
+def test_a_random_admin_key_reads_as_a_value_on_any_command_line(tmp_path):
+    """bls-rollout --admin-key KEY: a key beginning with "-" would read as an option (one in
+    64 of token_urlsafe's did, and the rollout tests failed on it)."""
+    from bls_pipeline.serve.rollout import main as rollout_main
+
+    keys = {server.ServerOptions(tmp_path).admin_key for _ in range(2000)}
+    assert len(keys) == 2000 and all(len(k) == 32 and k.isalnum() for k in keys)
+    with pytest.raises(SystemExit) as refused:
+        rollout_main(["m", "2", "--admin-key", "-" + next(iter(keys))[1:]])
+    assert refused.value.code == 2  # what a urlsafe key could do
