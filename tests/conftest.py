@@ -1,4 +1,6 @@
 import io
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +31,34 @@ def sample_images() -> dict[str, bytes]:
     return {p.stem: p.read_bytes() for p in sorted((REPO / "samples").glob("*.jpg"))}
 
 
+def once_per_run(tmp_path_factory, name: str, make) -> Path:
+    """`make(folder)`'s result, made once per test run: with pytest-xdist's workers
+    (./scripts/test.sh), the first to come makes it under a lock in their common temporary
+    folder, and the others wait for it and use it."""
+    from filelock import FileLock
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make(tmp_path_factory.mktemp(name))
+    folder = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    done = folder / ".made"
+    with FileLock(f"{folder}.lock"):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(str(make(folder)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def onnx_model(tmp_path_factory) -> Path:
     """resnet50 with seeded random weights, exported as engine_build does it."""
     from engine_build.export_onnx import build_torch_model, export_onnx
 
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    export_onnx(build_torch_model("random"), path, "random")
-    return path
+    def make(folder: Path) -> Path:
+        export_onnx(build_torch_model("random"), folder / "model.onnx", "random")
+        return folder / "model.onnx"
+
+    return once_per_run(tmp_path_factory, "onnx", make)
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +66,21 @@ def effnet_onnx_model(tmp_path_factory) -> Path:
     """efficientnet_lite0 with its shipped ImageNet weights, exported as engine_build does it."""
     from engine_build.export_onnx import build_torch_model, export_onnx
 
-    path = tmp_path_factory.mktemp("effnet_onnx") / "model.onnx"
-    export_onnx(build_torch_model("pretrained", "efficientnet_lite0"), path, "pretrained")
-    return path
+    def make(folder: Path) -> Path:
+        export_onnx(build_torch_model("pretrained", "efficientnet_lite0"), folder / "model.onnx", "pretrained")
+        return folder / "model.onnx"
+
+    return once_per_run(tmp_path_factory, "effnet_onnx", make)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist's workers (./scripts/test.sh), the files that start servers go first
+    and the unit tests (many short files) last, to fill the workers' ends: a long file
+    handed out last would run alone while the other worker idles. Order within a file is
+    kept. Without workers, unit tests first (testpaths): their failures show in seconds."""
+    if getattr(config.option, "numprocesses", None):
+        rank = {"gpu": 0, "integration": 1, "unit": 2}
+        items.sort(key=lambda item: rank.get(Path(str(item.fspath)).parent.name, 1))
 
 
 def pytest_addoption(parser):
