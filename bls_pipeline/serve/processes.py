@@ -29,12 +29,14 @@ _INSTANCE_ARG = 8  # the stub's argv: ..., then the model instance name ("classi
 class Stubs:
     live: dict[int, str]  # pid -> model instance ("classify_bls_0_1")
     dead: frozenset[int]  # pids of stubs that died and that Triton has not reaped (zombies)
+    # pids of stubs exiting: their memory, argv included, is gone, and they are not zombies yet
+    dying: frozenset[int] = frozenset()
 
 
 def stubs(pgid: int) -> Stubs:
     """The python stubs in process group `pgid` (tritonserver's pid: the launcher starts it
     as a group leader), live and dead."""
-    live, dead = {}, set()
+    live, dead, dying = {}, set(), set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -43,8 +45,9 @@ def stubs(pgid: int) -> Stubs:
             state, ppid, group = rest.split()[:3]
             if int(group) != pgid or int(ppid) != pgid:  # tritonserver's own children only
                 continue
+            is_stub = comm.split("(", 1)[1] == _STUB_COMM
             if state == "Z":
-                if comm.split("(", 1)[1] == _STUB_COMM:
+                if is_stub:
                     dead.add(int(proc.name))
                 continue
             argv = (proc / "cmdline").read_bytes().split(b"\0")
@@ -52,7 +55,9 @@ def stubs(pgid: int) -> Stubs:
             continue
         if argv[0].endswith(_STUB) and len(argv) > _INSTANCE_ARG:
             live[int(proc.name)] = argv[_INSTANCE_ARG].decode()
-    return Stubs(live, frozenset(dead))
+        elif is_stub and argv == [b""]:
+            dying.add(int(proc.name))
+    return Stubs(live, frozenset(dead), frozenset(dying))
 
 
 def model_of(instance: str) -> str | None:

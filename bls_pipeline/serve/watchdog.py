@@ -145,7 +145,9 @@ class Watchdog(threading.Thread):
         if now.dead - self._seen.keys():  # died before it was first seen: which instance has no live stub
             suspects |= set().union(*self._instances.values()) - alive
         for pid in lost:
-            if pid not in now.dead:  # reaped: its copy was unloaded; forgotten after this look
+            # Reaped (its copy was unloaded): forgotten after this look. One still exiting is
+            # kept, or the zombie it becomes would be one never seen, its instance unknown.
+            if pid not in now.dead and pid not in now.dying:
                 del self._seen[pid]
         return [m for m, names in self._instances.items() if names & suspects and self._is_ready(m)]
 

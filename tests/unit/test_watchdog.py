@@ -51,8 +51,8 @@ class Processes:
         monkeypatch.setattr(watchdog, "stubs", lambda pgid: self.now)
         dog._is_ready = lambda model: model in ready
 
-    def set(self, live: dict[int, str], dead: tuple[int, ...] = ()) -> None:
-        self.now = Stubs(live, frozenset(dead))
+    def set(self, live: dict[int, str], dead: tuple[int, ...] = (), dying: tuple[int, ...] = ()) -> None:
+        self.now = Stubs(live, frozenset(dead), frozenset(dying))
 
 
 @pytest.fixture
@@ -76,6 +76,19 @@ def test_a_stub_that_became_a_zombie_is_dead_until_a_fresh_copy_serves_its_insta
     procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"}, dead=(13,))  # reloaded; old copy stuck
     assert dog._dead_stubs() == []
     assert dog.instance_of(13) == "resnet50_onnx_0_0"  # kept while a zombie: the stop names it
+
+
+def test_a_stub_seen_while_it_exits_is_still_named_once_a_zombie(dog, monkeypatch):
+    """Killed, a stub first exits (its argv already gone, not a zombie yet): a look then must
+    not forget which instance it served, or the stop could not name the copy it leaves stuck
+    (seen once in a test run on a loaded machine: "pid 17115")."""
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dying=(13,))
+    dog._dead_stubs()
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dead=(13,))
+    assert dog._dead_stubs() == ["resnet50_onnx"] and dog.instance_of(13) == "resnet50_onnx_0_0"
 
 
 def test_one_dead_stub_of_a_two_instance_model(dog, monkeypatch):
