@@ -78,7 +78,7 @@ def pytest_collection_modifyitems(config, items):
     and the unit tests (many short files) last, to fill the workers' ends: a long file
     handed out last would run alone while the other worker idles. Order within a file is
     kept. Without workers, unit tests first (testpaths): their failures show in seconds."""
-    if getattr(config.option, "numprocesses", None):
+    if hasattr(config, "workerinput"):  # a worker: the controller hands out files in its collection order
         rank = {"gpu": 0, "integration": 1, "unit": 2}
         items.sort(key=lambda item: rank.get(Path(str(item.fspath)).parent.name, 1))
 
