@@ -210,7 +210,8 @@ class TritonServer:
         for name, why in plan.skipped.items():
             log.info("not loading %s: %s", name, why)  # the caller says so to its user (bls-serve, bls-demo)
         for name, first in plan.standby.items():
-            log.info("%s is on standby behind %s: it holds its engine only while calls come", name, first)
+            log.info("%s is a fallback behind %s: on standby (a CPU engine model then holds its engine only while "
+                     "calls come)", name, first)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
         _check_ports_free(opts)
