@@ -16,5 +16,6 @@ workers=${BLS_TEST_WORKERS:-2}
 if [ "$workers" = "0" ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-# Most tests wait on servers they start and stop; two workers keep both cores busy.
-exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+# Most tests wait on servers they start and stop; two workers keep both cores busy. The
+# files go out in the order tests/conftest.py gives them (xdist would put the largest first).
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
