@@ -15,6 +15,9 @@ included) was in it then leaves nothing behind.
 
 Then it sends each python model a small real inference (called models first), which
 catches a stub that is alive but not healthy, and anything the processes cannot show.
+The probes run on a thread of their own: a flow's probe can wait up to the probe timeout
+while its flow retries a dead child, and the looks at the processes go on meanwhile, every
+`interval_s` (with the probes' looks before each probe, one at a time).
 Probe timeouts (a busy server) never trigger a reload. Probes carry the request parameter
 `bls_probe: true`: flow models answer them apart from users' requests and leave them out
 of their bls_* metrics (Triton's own nv_inference_* counters still count them).
@@ -27,6 +30,8 @@ import logging
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
@@ -97,6 +102,7 @@ class Watchdog(threading.Thread):
         import tritonclient.http as tc
 
         self._tc = tc
+        self._url, self._timeout = url, probe_timeout_s
         self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s, connection_timeout=probe_timeout_s)
         self._probes = {name: _probe_inputs(tc, cfg) for name, cfg in configs.items()}
         self._instances = {name: instance_names(name, cfg) for name, cfg in configs.items()}
@@ -105,8 +111,10 @@ class Watchdog(threading.Thread):
         self._reload = reload
         self._interval = interval_s
         self._halt = threading.Event()
+        self._looking = threading.Lock()  # a look and its reloads, the looks' thread's or the probes'
+        self._recovered_at: dict[str, float] = {}  # model -> when its last reload ended
         self.recoveries: list[Recovery] = []
-        self.rounds = 0  # rounds of looks and probes completed (a test waits for one to end)
+        self.rounds = 0  # rounds of probes completed, each probe after a look (a test waits for one to end)
         if pgid is not None:
             self._dead_stubs()  # the stubs as they start: each one's instance is known before it can die
 
@@ -120,15 +128,29 @@ class Watchdog(threading.Thread):
         return self._seen.get(pid)
 
     def run(self) -> None:
+        prober = threading.Thread(target=self._probe_rounds, name="bls-watchdog-probes", daemon=True)
+        prober.start()
+        while not self._halt.wait(self._interval):
+            self._look()
+        prober.join(timeout=30)
+
+    def _look(self) -> None:
+        with self._looking:
+            for dead in self._dead_stubs():
+                self._recover(dead)
+
+    def _probe_rounds(self) -> None:
         while not self._halt.wait(self._interval):
             for model, inputs in self._probes.items():
                 if self._halt.is_set():  # the server is being stopped: it drains, nothing is loaded again
                     return
-                for dead in self._dead_stubs():  # before each probe: a probe into a dead stub would leave its copy stuck
-                    self._recover(dead)
+                self._look()  # before each probe: a probe into a dead stub would leave its copy stuck
+                sent = time.monotonic()
                 dead = self._probe(model, inputs)
                 if dead is not None:
-                    self._recover(dead)
+                    with self._looking:
+                        if self._recovered_at.get(dead, float("-inf")) < sent:  # not reloaded since by a look
+                            self._recover(dead)
             self.rounds += 1
 
     def _dead_stubs(self) -> list[str]:
@@ -152,9 +174,12 @@ class Watchdog(threading.Thread):
         return [m for m, names in self._instances.items() if names & suspects and self._is_ready(m)]
 
     def _is_ready(self, model: str) -> bool:
+        # Plain HTTP, not self._client: the looks run on both threads, and the probes' client
+        # (geventhttpclient) stays on the probes' thread.
         try:
-            return self._client.is_model_ready(model)
-        except Exception:  # noqa: BLE001 - a server that does not answer has no model to reload
+            with urllib.request.urlopen(f"http://{self._url}/v2/models/{model}/ready", timeout=self._timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):  # a server that does not answer has no model to reload
             return False
 
     def _probe(self, model: str, inputs: list) -> str | None:
@@ -175,6 +200,6 @@ class Watchdog(threading.Thread):
             log.error("WATCHDOG: reloading %r FAILED: %s", model, exc)
             self.recoveries.append(Recovery(model, detected, None))
             return
-        recovered = time.monotonic()
+        recovered = self._recovered_at[model] = time.monotonic()
         log.error("WATCHDOG: model %r reloaded, serving again after %.1f s", model, recovered - detected)
         self.recoveries.append(Recovery(model, detected, recovered))

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -178,3 +179,37 @@ def test_stubs_reads_live_and_dead_stubs_of_a_real_group(tmp_path):
 def test_model_of_an_instance():
     assert model_of("classify_bls_failover_0_12") == "classify_bls_failover"
     assert model_of("resnet50_onnx") is None  # the stub that completes a config at load is named by its model
+
+
+def test_a_probe_that_waits_does_not_hold_up_the_looks(monkeypatch):
+    """A flow's probe can wait up to its timeout while the flow retries a dead child; the looks
+    at the processes go on meanwhile, so the dead stub is reloaded at once, not after the probe
+    (a test on a loaded machine saw user requests time out behind such a probe)."""
+    configs = {m: parse_config(MODELS / m) for m in ("classify_bls", "resnet50_onnx")}
+    reloaded, probing, release = [], threading.Event(), threading.Event()
+
+    def reload(model):  # a fresh copy serves the instance; the old stub stays a zombie
+        reloaded.append(model)
+        procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"}, dead=(13,))
+
+    dog = Watchdog("127.0.0.1:1", configs, reload=reload, interval_s=0.05, pgid=None)
+    dog._pgid = 12345
+    procs = Processes(monkeypatch, dog, ready={"classify_bls", "resnet50_onnx"})
+    procs.set(START)
+
+    def stuck_probe(model, inputs):
+        probing.set()
+        release.wait(10)
+
+    dog._probe = stuck_probe
+    dog.start()
+    try:
+        assert probing.wait(5)
+        procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dead=(13,))  # resnet50_onnx's stub killed
+        deadline = time.monotonic() + 5
+        while not reloaded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reloaded == ["resnet50_onnx"] and not release.is_set()  # while the probe still waits
+    finally:
+        release.set()
+        dog.stop()
