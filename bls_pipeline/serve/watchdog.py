@@ -39,6 +39,7 @@ import numpy as np
 from PIL import Image
 
 from ..contract import PROBE_PARAMETER
+from ..runtime.answer import numpy_dtype
 from .processes import stubs
 
 __all__ = ["Recovery", "Watchdog", "dead_stub_model"]
@@ -61,9 +62,6 @@ class Recovery:
     recovered_at: float | None  # None: the reload failed
 
 
-_NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8}
-
-
 def _tiny_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (32, 32), (120, 120, 120)).save(buf, "JPEG")
@@ -83,7 +81,7 @@ def _probe_inputs(tc, config) -> list:
         if dtype == "STRING":
             tensor, data = tc.InferInput(spec.name, dims, "BYTES"), np.full(dims, _tiny_jpeg(), dtype=object)
         else:
-            tensor, data = tc.InferInput(spec.name, dims, dtype), np.zeros(dims, dtype=_NUMPY[dtype])
+            tensor, data = tc.InferInput(spec.name, dims, dtype), np.zeros(dims, dtype=numpy_dtype(dtype))
         tensor.set_data_from_numpy(data)
         inputs.append(tensor)
     return inputs
