@@ -169,18 +169,10 @@ def exact_runner(path: Path) -> Callable[[np.ndarray], np.ndarray]:
 def served_runner(repo: Path, served: str, path: Path) -> Callable[[np.ndarray], np.ndarray]:
     """`run(batch) -> logits` for `path`, with the settings the served model `served` gives
     it (its config.pbtxt's parameters, read as its adapter reads them)."""
-    from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+    from bls_pipeline.runtime.onnx import open_engine
 
     params = string_parameters(parse_config(Path(repo) / served))
-    names = ([CLASSIFIER_INPUT.name], [CLASSIFIER_OUTPUT.name])
-    if Path(path).suffix == ".xml":
-        model = OpenVinoModel(path, *names, threads=int(params.get("inference_threads", "0")),
-                              precision=params.get("inference_precision", ""))
-    else:
-        model = OnnxModel(path, *names, intra_op_threads=int(params.get("intra_op_threads", "0")),
-                          allow_spinning=params.get("allow_spinning", "0") == "1",
-                          memory_arena=params.get("memory_arena", "1") == "1",
-                          prepacking=params.get("prepack_weights", "1") == "1")
+    model = open_engine(path, [CLASSIFIER_INPUT.name], [CLASSIFIER_OUTPUT.name], params)
     return lambda x: model.run({CLASSIFIER_INPUT.name: x})[CLASSIFIER_OUTPUT.name]
 
 

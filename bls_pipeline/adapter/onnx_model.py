@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..contract import STANDBY_ENV
 from ..runtime import hooks
 from ..runtime.answer import numpy_dtype
 from ..runtime.artifact_io import Declared
-from ..runtime.onnx import OnnxModel
+from ..runtime.onnx import open_engine
 from ..runtime.standby import StandbyEngine
 from .glue import bridge_logging, freeze_startup_objects, is_probe, model_parameters, tensor_from_numpy, tensor_to_numpy
 
@@ -32,20 +32,14 @@ __all__ = ["onnx_model"]
 
 
 def onnx_model(pb_utils: Any) -> type:
-    def load(path: Path, declared: Declared, params: dict[str, str]) -> OnnxModel:
-        return OnnxModel(path, *declared.names, intra_op_threads=int(params.get("intra_op_threads", "0")),
-                         allow_spinning=params.get("allow_spinning", "0") == "1",
-                         memory_arena=params.get("memory_arena", "1") == "1",
-                         prepacking=params.get("prepack_weights", "1") == "1", declared=declared)
-
-    return batch_model(pb_utils, load, "onnxruntime")
+    return batch_model(pb_utils, "onnxruntime")
 
 
-def batch_model(pb_utils: Any, load: Callable[[Path, Declared, dict[str, str]], Any], stage: str) -> type:
-    """A Triton model that runs `load(artifact path, its config's tensors, parameters)`'s
-    `run` once per execute() batch (the CPU engines: onnxruntime here, OpenVINO in
-    openvino_model). The engine compares its file with the config at load: a difference
-    fails the load, naming the tensor and both sides."""
+def batch_model(pb_utils: Any, stage: str) -> type:
+    """A Triton model that runs its artifact's engine (runtime.onnx.open_engine: onnxruntime
+    here, OpenVINO in openvino_model) once per execute() batch, timed as `stage`. The engine
+    compares its file with the config at load: a difference fails the load, naming the
+    tensor and both sides."""
 
     class TritonPythonModel:
         def initialize(self, args):
@@ -56,11 +50,11 @@ def batch_model(pb_utils: Any, load: Callable[[Path, Declared, dict[str, str]], 
             path = Path(args["model_repository"]) / args["model_version"] / params["artifact"]
             self._released = threading.Event()
             if args["model_name"] in os.environ.get(STANDBY_ENV, "").split(","):
-                self.model = StandbyEngine(args["model_name"], lambda: load(path, declared, params),
+                self.model = StandbyEngine(args["model_name"], lambda: open_engine(path, *declared.names, params, declared),
                                            float(params.get("standby_release_s", "30")))
                 threading.Thread(target=self._release_when_idle, name="bls-standby", daemon=True).start()
             else:
-                self.model = load(path, declared, params)
+                self.model = open_engine(path, *declared.names, params, declared)
             self._probe_answer = {t.name: np.zeros([1, *(max(d, 1) for d in t.dims)], numpy_dtype(t.dtype))
                                   for t in declared.outputs}
             freeze_startup_objects()

@@ -11,19 +11,12 @@ own config.pbtxt at load.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from ..runtime.artifact_io import Declared
-from ..runtime.onnx import OpenVinoModel
 from .onnx_model import batch_model
 
 __all__ = ["openvino_model"]
 
 
 def openvino_model(pb_utils: Any) -> type:
-    def load(path: Path, declared: Declared, params: dict[str, str]) -> OpenVinoModel:
-        return OpenVinoModel(path, *declared.names, threads=int(params.get("inference_threads", "0")),
-                             precision=params.get("inference_precision", ""), declared=declared)
-
-    return batch_model(pb_utils, load, "openvino")
+    return batch_model(pb_utils, "openvino")

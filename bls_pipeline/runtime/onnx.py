@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from .artifact_io import Declared, onnx_tensors, openvino_tensors
 
-__all__ = ["OnnxModel", "OpenVinoModel"]
+__all__ = ["OnnxModel", "OpenVinoModel", "open_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +113,18 @@ class OpenVinoModel:
     def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         result = self._request.infer(feeds)
         return {name: result[self._compiled.output(name)] for name in (outputs or self.outputs)}
+
+
+def open_engine(path: Path, inputs: Sequence[str], outputs: Sequence[str], params: Mapping[str, str],
+                declared: Declared | None = None) -> OnnxModel | OpenVinoModel:
+    """The engine a CPU engine model runs for `path` (an IR, .xml: OpenVINO; else
+    onnxruntime), set up by its config.pbtxt's parameters: what the served model's adapter
+    opens, and what a tool measuring that model (bls-bench's peer, engine_build accuracy)
+    opens in process."""
+    if Path(path).suffix == ".xml":
+        return OpenVinoModel(path, inputs, outputs, threads=int(params.get("inference_threads", "0")),
+                             precision=params.get("inference_precision", ""), declared=declared)
+    return OnnxModel(path, inputs, outputs, intra_op_threads=int(params.get("intra_op_threads", "0")),
+                     allow_spinning=params.get("allow_spinning", "0") == "1",
+                     memory_arena=params.get("memory_arena", "1") == "1",
+                     prepacking=params.get("prepack_weights", "1") == "1", declared=declared)

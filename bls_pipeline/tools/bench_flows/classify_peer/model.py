@@ -17,22 +17,16 @@ import triton_python_backend_utils as pb_utils
 from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters
 from bls_pipeline.runtime.children import load_child, version_folders
 from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+from bls_pipeline.runtime.onnx import open_engine
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
 from bls_pipeline.stages.postprocess import softmax, top_k
 
 
 def _engine(folder: Path, inputs: list[str], outputs: list[str]):
-    """The classifier's engine as its model's adapter builds it (adapter/onnx_model.py, openvino_model.py)."""
+    """The classifier's engine as its model's adapter opens it (runtime.onnx.open_engine)."""
     params = string_parameters(parse_config(folder))
-    path = folder / version_folders(folder)[0] / params["artifact"]
-    if path.suffix == ".xml":
-        return OpenVinoModel(path, inputs, outputs, threads=int(params.get("inference_threads", "0")),
-                             precision=params.get("inference_precision", ""))
-    return OnnxModel(path, inputs, outputs, intra_op_threads=int(params.get("intra_op_threads", "0")),
-                     allow_spinning=params.get("allow_spinning", "0") == "1",
-                     memory_arena=params.get("memory_arena", "1") == "1", prepacking=params.get("prepack_weights", "1") == "1")
+    return open_engine(folder / version_folders(folder)[0] / params["artifact"], inputs, outputs, params)
 
 
 class TritonPythonModel:
