@@ -23,6 +23,7 @@ from typing import Any
 from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
+from ..runtime.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, UNAVAILABLE, ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
@@ -46,6 +47,14 @@ def flow_model(pb_utils: Any) -> type:
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
                                             outputs=_declared_outputs(args))
             self.transport = TritonTransport(pb_utils)
+            self.send = self.transport.send
+            self.in_process = None
+            settings = self.runtime.runtime
+            if settings.run_in_process:  # children whose engines this instance runs itself
+                lists = [tuple(c) for c in self.runtime.settings.candidate_lists()]
+                lists += [(settings.canary.model,)] if settings.canary is not None else []  # a shadow's calls go to Triton
+                self.in_process = InProcessChildren(args["model_name"], model_dir.parent, settings.run_in_process, lists)
+                self.send = self.in_process.send(self.transport.send)
             if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
                 self.mirror_transport = TritonTransport(pb_utils)
                 self.runtime.router.mirror_send = self.mirror_transport.send
@@ -67,7 +76,7 @@ def flow_model(pb_utils: Any) -> type:
                 # that request, so only calls made within this execute() may carry it.
                 self.transport.trace = requests[part[0]].trace()
                 try:
-                    answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.transport.send,
+                    answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.send,
                                                         probe=probing)
                 finally:
                     self.transport.trace = None
@@ -86,6 +95,8 @@ def flow_model(pb_utils: Any) -> type:
             self.metrics.close()
             self.runtime.close()
             self.transport.close()
+            if self.in_process is not None:
+                self.in_process.close()
             if self.runtime.shadow is not None:
                 self.mirror_transport.close()
 

@@ -19,7 +19,7 @@ from typing import Callable
 from .modelconfig import parse_config, string_parameters
 from .settings import ConfigError, Settings, parse_settings
 
-__all__ = ["FLOW_FILE", "FlowDefinition", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_in_process", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
 
 FLOW_FILE = "flow.py"
 
@@ -72,6 +72,14 @@ def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
     """The models the flow in model_dir may call, with its config.pbtxt's settings applied
     (what the launcher loads with it, and unloads after it when draining)."""
     return tuple(dict.fromkeys(m for models in declared_preferences(model_dir, version) for m in models))
+
+
+def declared_in_process(model_dir: Path, version: str = "1") -> tuple[str, ...]:
+    """The children the flow runs in its own process (its run_in_process parameter)."""
+    model_dir = Path(model_dir)
+    flow = load_flow(model_dir / version / FLOW_FILE)
+    runtime, _ = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+    return runtime.run_in_process
 
 
 def declared_preferences(model_dir: Path, version: str = "1") -> tuple[tuple[str, ...], ...]:

@@ -56,6 +56,9 @@ class RuntimeSettings:
     # One structured log line per execute() (its requests' ids, images, stage and child
     # timings, whose trace the child calls joined): for joining Triton's traces and logs.
     log_executions: bool = False
+    # Children this flow runs in its own process (CPU engine models beside it; in_process.py):
+    # no BLS hop to them, Triton's own statistics and traces of them see none of these calls.
+    run_in_process: tuple[str, ...] = ()
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -107,6 +110,11 @@ def _as_names(key: str, raw: str, example: str) -> tuple[str, ...]:
     return names
 
 
+def _model_names(key: str, raw: str) -> tuple[str, ...]:
+    """Model names, comma-separated; "none" or empty: none."""
+    return () if raw.strip().lower() in ("", "none") else tuple(n.strip() for n in raw.split(",") if n.strip())
+
+
 def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
     d = RuntimeSettings()
     formats = d.decode.formats
@@ -136,6 +144,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         canary=trial("canary", 0.0),
         shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
         log_executions=get("log_executions", _as_bool, d.log_executions),
+        run_in_process=get("run_in_process", _model_names, d.run_in_process),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.loader import declared_models, declared_preferences, is_flow_model
+from ..runtime.loader import declared_in_process, declared_models, declared_preferences, is_flow_model
 from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
 __all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading", "standby_models"]
@@ -228,7 +228,7 @@ def _ir_problem(path: Path) -> str | None:
 class LoadPlan:
     load: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)
-    standby: dict[str, str] = field(default_factory=dict)  # standby_models(): model -> the one before it
+    standby: dict[str, str] = field(default_factory=dict)  # standby_models(): model -> why it is on standby
 
 
 def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, ...] | None = None,
@@ -278,20 +278,27 @@ def drain_stages(repo: Path | Repository, loaded: tuple[str, ...]) -> list[tuple
 
 
 def standby_models(repo: Path | Repository, loaded: tuple[str, ...]) -> dict[str, str]:
-    """{model: the model that answers before it} for the loaded models that are only ever a
-    later candidate behind a loaded one: a flow calls them only once that one is gone. A
-    model first among the loaded candidates of any list, an ensemble's step, or one no loaded
-    model calls (a client asked for it by name) answers, so it is not on standby."""
+    """{model: why it is on standby} for the loaded models no request reaches while the
+    loaded candidates before them are READY: a later candidate behind a loaded one ("a
+    fallback behind M": a flow calls it only once M is gone), or a model every loaded caller
+    runs in its own process ("run in process by F": its callers open its engine themselves).
+    A model first among the loaded candidates of a list that a flow sends to Triton, an
+    ensemble's step, or one no loaded model calls (a client asked for it by name) answers,
+    so it is not on standby."""
     repo = repo if isinstance(repo, Repository) else Repository.read(repo)
-    behind: dict[str, str] = {}
+    why: dict[str, str] = {}
     answering: set[str] = set()
     for caller in loaded:
         if repo.configs[caller].platform == "ensemble":
             answering.update(repo.callees[caller])
         elif repo.callees[caller]:  # a flow (its callees read without error)
+            in_process = declared_in_process(repo.root / caller)
             for models in declared_preferences(repo.root / caller):
                 present = [m for m in models if m in loaded]
-                answering.update(present[:1])
+                if present and present[0] in in_process:
+                    why.setdefault(present[0], f"run in process by {caller}")
+                else:
+                    answering.update(present[:1])
                 for m in present[1:]:
-                    behind.setdefault(m, present[0])
-    return {m: first for m, first in behind.items() if m not in answering}
+                    why.setdefault(m, f"a fallback behind {present[0]}")
+    return {m: reason for m, reason in why.items() if m not in answering}

@@ -209,9 +209,8 @@ class TritonServer:
         binary = self._binary
         for name, why in plan.skipped.items():
             log.info("not loading %s: %s", name, why)  # the caller says so to its user (bls-serve, bls-demo)
-        for name, first in plan.standby.items():
-            log.info("%s is a fallback behind %s: on standby (a CPU engine model then holds its engine only while "
-                     "calls come)", name, first)
+        for name, why in plan.standby.items():
+            log.info("%s is %s: on standby (a CPU engine model then holds its engine only while calls come)", name, why)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
         _check_ports_free(opts)

@@ -43,9 +43,12 @@ CASCADES = {"cascade@0.5": "0.5", "cascade@0.9": "0.9"}
 # A classifier engine as a target: "classifier@MODEL" is MODEL fed preprocessed tensors,
 # "classify_bls@MODEL" classify_bls with MODEL as its only classifier (e.g. resnet50_int8),
 # "classify_peer@MODEL" the same work in one python model that runs MODEL's engine itself, no
-# child call (bench_flows/classify_peer/): classify_bls's one-model peer on the same engine.
-ENGINE_TARGETS = ("classifier", "classify_bls", "classify_peer")
+# child call (bench_flows/classify_peer/): classify_bls's one-model peer on the same engine;
+# "classify_bls_in_process@MODEL" classify_bls@MODEL running MODEL in its own process
+# (run_in_process: no BLS hop).
+ENGINE_TARGETS = ("classifier", "classify_bls", "classify_peer", "classify_bls_in_process")
 PEER = "classify_peer"
+IN_PROCESS = "classify_bls_in_process"
 # Region flows: read_text, and the same work with one child request per region, served from
 # bench_flows/: read_text_per_region, a flow that loops over the lines; read_text_handwritten,
 # a python model on pb_utils alone that loops over its requests, then their lines, the way
@@ -371,12 +374,13 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
         if (alone, c8) in by and ("classifier", c8) in by:
             out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
         bls = "classify_bls" if engine == CLASSIFIER and (bls, c1) not in by else bls  # the FP32 peer's classify_bls
-        for c in conc:
-            if (bls, c) in by and (f"{PEER}@{engine}", c) in by:
-                peer = by[f"{PEER}@{engine}", c]
-                out[f"{bls} / {PEER}@{engine} images/s at c={c}"] = by[bls, c].images_per_s / peer.images_per_s
-                if c == c1:
-                    out[f"{bls} - {PEER}@{engine} p50 ms at c={c}"] = by[bls, c].p50_ms - peer.p50_ms
+        for flow in (bls, f"{IN_PROCESS}@{engine}"):
+            for c in conc:
+                if (flow, c) in by and (f"{PEER}@{engine}", c) in by:
+                    peer = by[f"{PEER}@{engine}", c]
+                    out[f"{flow} / {PEER}@{engine} images/s at c={c}"] = by[flow, c].images_per_s / peer.images_per_s
+                    if c == c1:
+                        out[f"{flow} - {PEER}@{engine} p50 ms at c={c}"] = by[flow, c].p50_ms - peer.p50_ms
     for c in conc:
         if (SHADOW_TARGET, c) in by and ("classify_bls", c) in by:
             on, off = by[SHADOW_TARGET, c], by["classify_bls", c]
@@ -427,11 +431,12 @@ def _machine() -> dict:
 
 
 def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[str, ...] = (),
-                     shadow_share: float = 1.0, peers: tuple[str, ...] = ()) -> None:
+                     shadow_share: float = 1.0, peers: tuple[str, ...] = (), in_process: tuple[str, ...] = ()) -> None:
     """A copy of models/ for the bench (artifacts linked, not copied); by default the
     flip branch is off so classify_bls does the same work as the branch-less ensemble.
     Each of `engines` gets a classify_bls__ENGINE: classify_bls with that classifier alone;
-    each of `peers` a classify_peer__ENGINE: the one-model peer running that classifier's engine."""
+    each of `peers` a classify_peer__ENGINE: the one-model peer running that classifier's engine;
+    each of `in_process` a classify_bls_in_process__ENGINE: classify_bls__ENGINE running it in process."""
     artifacts = ("*.onnx", "*.onnx.data", "*.plan", "*.xml", "*.bin")
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(*artifacts, "__pycache__"))
     for artifact in [a for pattern in artifacts for a in src.glob(f"*/1/{pattern}")]:
@@ -444,12 +449,13 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"cascade_threshold": threshold, "tta_threshold": "0"}))
-    for engine in engines:
-        name = f"classify_bls__{engine}"
+    for kind, engine in [("classify_bls", e) for e in engines] + [(IN_PROCESS, e) for e in in_process]:
+        name = f"{kind}__{engine}"
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
-        (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"classifiers": engine, "cascade_classifiers": "none",
-                                                                            **({} if keep_branches else {"tta_threshold": "0"})}))
+        (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {
+            "classifiers": engine, "cascade_classifiers": "none", "run_in_process": engine if kind == IN_PROCESS else "none",
+            **({} if keep_branches else {"tta_threshold": "0"})}))
     for engine in peers:
         name = f"{PEER}__{engine}"
         (dst / name / "1").mkdir(parents=True)
@@ -512,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
     peers = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == PEER}))
+    in_process = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == IN_PROCESS}))
     bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET}
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
@@ -526,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
 
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers)
+            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers, in_process)
             needed = tuple(sorted({_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work

@@ -37,6 +37,9 @@ def _copy_repo(src: Path, dst: Path) -> None:
 def _variant(repo: Path, base: str, name: str, params: dict[str, str], instances: int | None = None,
              queue_delay_us: int | None = None) -> None:
     shutil.copytree(repo / base, repo / name)
+    # Every call through Triton unless the variant says otherwise: the tests of routing,
+    # faults and statistics watch the child models' own stubs.
+    params = {"run_in_process": "none", **params} if base == "classify_bls" else params
     config = text_format.Parse(config_variant(repo / base, name, params), ModelConfig())
     if instances is not None:
         config.instance_group[0].count = instances

@@ -164,7 +164,7 @@ def test_unloaded_classifier_reroutes_to_its_standby_fallback_then_comes_back(fa
     until resnet50 goes, then opens it and takes every call, and lets go of it again once
     resnet50 is back and no call came for its standby_release_s (conftest: 2 s)."""
     srv = _serving(faults_server)
-    assert srv.plan().standby == {BACKUP: MAIN}
+    assert srv.plan().standby == {BACKUP: f"a fallback behind {MAIN}"}
     with Traffic(srv.http_url, "http", FAILOVER, sample_images["mug"]) as traffic:
         traffic.wait_for(10)
         standby_mib = _private_mib(srv, BACKUP)

@@ -68,6 +68,16 @@ def test_a_native_gpu_model_on_a_server_without_its_backend_names_the_backend(re
 
 
 # ---- standby: fallbacks a flow calls only once the candidate before them is gone ---------------
+SHIPPED_IN_PROCESS = "efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"
+
+
+def _run_in_process(repo: Path, flow: str, models: str) -> None:
+    """Set the flow's run_in_process (classify_bls ships the cascade's CPU engines in it)."""
+    config = (repo / flow / "config.pbtxt").read_text()
+    assert f'"{SHIPPED_IN_PROCESS}"' in config
+    (repo / flow / "config.pbtxt").write_text(config.replace(f'"{SHIPPED_IN_PROCESS}"', f'"{models}"'))
+
+
 GRAPH_ONLY = b"\x3a\x00"  # a ModelProto with an empty graph: whole enough for the plan
 
 
@@ -75,10 +85,13 @@ def test_a_fallback_behind_a_loaded_engine_is_on_standby_and_names_it(repo):
     for family in ("efficientnet_lite0", "resnet50"):
         (repo / f"{family}_int8" / "1" / "model.onnx").write_bytes(GRAPH_ONLY)
     plan = plan_loading(repo, {"python"}, only=("classify_bls",))
-    assert plan.standby == {"efficientnet_lite0_onnx": "efficientnet_lite0_int8", "resnet50_onnx": "resnet50_int8"}
+    assert plan.standby == {"efficientnet_lite0_int8": "run in process by classify_bls",  # as shipped
+                            "efficientnet_lite0_onnx": "a fallback behind efficientnet_lite0_int8",
+                            "resnet50_onnx": "a fallback behind resnet50_int8"}
 
 
 def test_without_an_engine_before_it_the_fallback_answers(repo):
+    _run_in_process(repo, "classify_bls", "none")
     assert plan_loading(repo, {"python"}, only=("classify_bls",)).standby == {}
 
 
@@ -87,6 +100,7 @@ def test_an_ensemble_step_or_a_model_first_in_any_list_is_not_on_standby(repo):
     calls it whatever else is loaded."""
     for family in ("efficientnet_lite0", "resnet50"):
         (repo / f"{family}_int8" / "1" / "model.onnx").write_bytes(GRAPH_ONLY)
+    _run_in_process(repo, "classify_bls", "none")  # every call through Triton
     shutil.copytree(repo / "classify_bls", repo / "onnx_first")
     config = (repo / "onnx_first" / "config.pbtxt").read_text().replace('name: "classify_bls"', 'name: "onnx_first"')
     config = config.replace('"efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"',
@@ -95,3 +109,17 @@ def test_an_ensemble_step_or_a_model_first_in_any_list_is_not_on_standby(repo):
     plan = plan_loading(repo, {"python"}, only=("classify_bls", "ensemble_resnet50", "onnx_first"))
     assert {"efficientnet_lite0_onnx", "resnet50_onnx", "resnet50_int8"} <= set(plan.load)
     assert plan.standby == {}
+
+
+
+
+def test_a_child_every_loaded_caller_runs_in_process_is_on_standby_and_says_why(repo):
+    plan = plan_loading(repo, {"python"}, only=("classify_bls",))
+    assert plan.standby == {"efficientnet_lite0_onnx": "run in process by classify_bls"}
+
+
+def test_a_child_another_flow_calls_through_triton_is_not_on_standby(repo):
+    """triage_bls calls efficientnet_lite0_onnx through Triton: its model answers there."""
+    _run_in_process(repo, "classify_bls", "efficientnet_lite0_onnx")
+    plan = plan_loading(repo, {"python"}, only=("classify_bls", "triage_bls"))
+    assert "efficientnet_lite0_onnx" in plan.load and plan.standby == {}
