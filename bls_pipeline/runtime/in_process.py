@@ -1,20 +1,22 @@
 """Children a flow runs in its own process: a CPU engine called without the BLS hop.
 
-A flow lists them in its `run_in_process` parameter (child model names, comma-separated).
-Each must be a CPU engine model beside the flow (its `artifact` an ONNX file or an
-OpenVINO IR, as models/*_onnx, *_int8, *_openvino). Each flow instance then opens that
+A flow lists them in its `run_in_process` parameter (child model names, comma-separated):
+CPU engine models (their `artifact` an ONNX file or an OpenVINO IR, as models/*_onnx,
+*_int8, *_openvino; a model of another kind fails the load). Each flow instance opens the
 engine itself, set up by the child's own config.pbtxt (runtime.onnx.open_engine, as the
 child's adapter opens it), and a call to it runs here instead of going through
 pb_utils.InferenceRequest: no request to Triton, no stub-to-stub hop, no copy of the inputs
-into shared memory.
+into shared memory. A listed model the flow does not call, or whose folder is not beside
+it (a remote repository), is logged and left to Triton.
 
 What stays the same: which candidate answers and when a model is gone is still Triton's
 readiness (routing.py: unload the child and the flow routes around it, as before); a call
-names a version folder as before, and each version's engine opens on its first call; the
-flow's bls_child_* metrics count these calls. What differs, for an operator: Triton's own
-statistics and traces of the child do not see them (the flow's do), and every flow instance
-holds a copy of the engine. bls-serve puts a child that every loaded caller runs in process
-on standby, so its own Triton model does not hold a third copy (serve/repository.py).
+names a version folder as before, and each version's engine opens on its first call (two
+versions held per model: a rollout lets go of the older); the flow's bls_child_* metrics
+count these calls. What differs, for an operator: Triton's own statistics and traces of the
+child do not see them (the flow's do), and every flow instance holds a copy of the engine.
+bls-serve puts a child that every loaded caller runs in process on standby, so its own
+Triton model does not hold another copy (serve/repository.py).
 
 Pure: the engine opener is injected.
 """
@@ -43,6 +45,7 @@ __all__ = ["InProcessChildren", "engine_file"]
 log = logging.getLogger(__name__)
 
 ENGINE_SUFFIXES = (".onnx", ".xml")
+VERSIONS_HELD = 2  # engines held per model: the version serving, and a canary's (or the next)
 
 
 def engine_file(model_dir: Path, version: str) -> Path | None:
@@ -100,6 +103,9 @@ class InProcessChildren:
 
     def _engine(self, model: str, version: str):
         key = (model, version)
+        engine = self._engines.get(key)
+        if engine is not None:
+            return engine
         with self._lock:
             if key not in self._engines:
                 folder = self.repo / model
@@ -107,7 +113,14 @@ class InProcessChildren:
                 declared = Declared.from_config(model, config)
                 path = engine_file(folder, version)
                 started = time.perf_counter()
-                self._engines[key] = self._opener(path, *declared.names, string_parameters(config), declared)
+                engine = self._opener(path, *declared.names, string_parameters(config), declared)
+                # A rollout moves the calls to a new version: the model's versions held stay
+                # at VERSIONS_HELD (a stable and a canary), the one opened longest ago let go.
+                held = [k for k in self._engines if k[0] == model]
+                for old in held[:max(0, len(held) + 1 - VERSIONS_HELD)]:
+                    del self._engines[old]
+                    log.info("%s let go of %s version %s (a newer version opened)", self.flow, model, old[1])
+                self._engines[key] = engine
                 log.info("%s runs %s version %s in process (%s, opened in %.2f s)", self.flow, model, version,
                          path.name, time.perf_counter() - started)
             return self._engines[key]

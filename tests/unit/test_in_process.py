@@ -94,6 +94,12 @@ def test_each_version_opens_its_own_engine_on_its_first_call(repo):
     children.call(_request(version="2"))
     children.call(_request())  # unpinned: the newest
     assert opened == [f"{CHILD}/2/model.onnx", f"{CHILD}/1/model.onnx"]
+    # A third version (a rollout): two stay held, the one opened first is let go.
+    shutil.copytree(repo / CHILD / "2", repo / CHILD / "3")
+    children.call(_request(version="3"))
+    children.call(_request(version="1"))
+    children.call(_request(version="2"))
+    assert opened == [f"{CHILD}/{v}/model.onnx" for v in ("2", "1", "3", "2")]
 
 
 def test_an_engine_that_raises_fails_its_call_as_broken_naming_the_model(repo):
