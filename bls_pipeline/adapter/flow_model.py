@@ -50,7 +50,10 @@ def flow_model(pb_utils: Any) -> type:
             self.send = self.transport.send
             self.in_process = None
             settings = self.runtime.runtime
-            if settings.run_in_process:  # children whose engines this instance runs itself
+            if settings.run_in_process and instance_device(args) is not None:
+                log.info("%s: run_in_process is for KIND_CPU instances; on %s every call goes through Triton",
+                         args["model_instance_name"], instance_device(args))
+            elif settings.run_in_process:  # children whose engines this instance runs itself
                 lists = [tuple(c) for c in self.runtime.settings.candidate_lists()]
                 lists += [(settings.canary.model,)] if settings.canary is not None else []  # a shadow's calls go to Triton
                 self.in_process = InProcessChildren(args["model_name"], model_dir.parent, settings.run_in_process, lists)

@@ -292,7 +292,9 @@ def standby_models(repo: Path | Repository, loaded: tuple[str, ...]) -> dict[str
         if repo.configs[caller].platform == "ensemble":
             answering.update(repo.callees[caller])
         elif repo.callees[caller]:  # a flow (its callees read without error)
-            in_process = declared_in_process(repo.root / caller)
+            config = repo.configs[caller]  # a KIND_GPU flow sends every call through Triton
+            gpu = any(group.kind == group.KIND_GPU for group in config.instance_group)
+            in_process = () if gpu else declared_in_process(repo.root / caller)
             for models in declared_preferences(repo.root / caller):
                 present = [m for m in models if m in loaded]
                 if present and present[0] in in_process:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.serve.repository import export_hint, plan_loading
+from bls_pipeline.serve.repository import export_hint, plan_loading, standby_models
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 TRT = ("efficientnet_lite0_trt", "resnet50_trt")
@@ -123,3 +123,10 @@ def test_a_child_another_flow_calls_through_triton_is_not_on_standby(repo):
     _run_in_process(repo, "classify_bls", "efficientnet_lite0_onnx")
     plan = plan_loading(repo, {"python"}, only=("classify_bls", "triage_bls"))
     assert "efficientnet_lite0_onnx" in plan.load and plan.standby == {}
+
+
+def test_a_gpu_flow_runs_nothing_in_process_so_its_children_answer(repo):
+    """A KIND_GPU classify_bls sends every call through Triton (its pixels are on the GPU)."""
+    config = (repo / "classify_bls" / "config.pbtxt").read_text().replace("kind: KIND_CPU", "kind: KIND_GPU")
+    (repo / "classify_bls" / "config.pbtxt").write_text(config)
+    assert standby_models(repo, ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")) == {}
