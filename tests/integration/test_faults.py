@@ -209,6 +209,9 @@ DRAINED = rf"StatusCode\.NOT_FOUND Request for unknown model: '{FAILOVER}' has n
 CLOSED = (
     r"StatusCode\.UNAVAILABLE failed to connect to all addresses; .*Connection refused",
     r"StatusCode\.UNAVAILABLE Stream removed \(GOAWAY received; Error code: 0; Debug Text: \)",  # a graceful close
+    # The socket closed while the client was still writing the request: it never arrived
+    # (seen 3 times in one run of a fresh clone, two test workers).
+    r"StatusCode\.UNAVAILABLE Stream removed \(sendmsg: Broken pipe \(32\)\)",
     r"StatusCode\.CANCELLED CANCELLED",
 )
 
