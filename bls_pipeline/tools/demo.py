@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..runtime.loader import declared_in_process
 from ..serve.client import classify_files, find_images, format_table
 from ..serve.server import ServerOptions, TritonServer
 from ..serve.repository import export_hint
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     with TritonServer(opts) as server:
         print(f"loaded: {', '.join(server.loaded)}; not loaded: "
               + (", ".join(f"{m} ({why})" for m, why in server.skipped.items()) or "none"))
-        print("classify_bls calls: " + ", ".join(f"{m} ({key})" for key, m in serving(repo, server.loaded).items()))
+        in_process = set(declared_in_process(repo / "classify_bls"))
+        print("classify_bls calls: " + ", ".join(f"{m} ({key}{', in process' if m in in_process else ''})"
+                                                 for key, m in serving(repo, server.loaded).items()))
         failed = False
         for model, protocol, topk in RUNS:
             if model in excluded:

@@ -58,6 +58,8 @@ def test_main_job_classifies_the_samples(model_repo, repo_root):
     # label comes from efficientnet_lite0's real weights.
     assert "RANDOM weights (a test export): not serving it" in proc.stdout
     assert "resnet50_onnx:" not in proc.stdout.split("== classify_bls over HTTP")[1]
+    # classify_bls runs its cheap classifier in its own process (run_in_process, as shipped)
+    assert re.search(r"classify_bls calls: efficientnet_lite0_(onnx|int8) \(cascade_classifiers, in process\)", proc.stdout), proc.stdout
     http = proc.stdout.split("== classify_bls over HTTP")[1].split("== classify_bls over GRPC")[0]
     # FP32, or the INT8 engine where the main job kept it (a CPU whose INT8 kernels pass its check)
     assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_(onnx|int8):confident", http), http
