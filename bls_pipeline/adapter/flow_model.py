@@ -136,6 +136,7 @@ def _read(pb_utils: Any, request: Any) -> ImageRequest:
     return ImageRequest(
         images=[] if image is None else list(image.as_numpy().reshape(-1)),  # none: the runtime says so
         topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
+        outputs=frozenset(request.requested_output_names()),  # all of them when the client named none
     )
 
 

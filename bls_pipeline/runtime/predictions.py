@@ -81,8 +81,13 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
             outputs.update(_region_outputs(rows, regions, table.k))
         results[r] = Prediction(table.labels, table.scores, table.class_ids, route,
                                 {n: v for n, v in outputs.items() if n in declared})
-    if JSON.name in declared:  # each image's answer as one JSON document, from these outputs
-        add_documents(results, declared, {name for part in attached for name in part.outputs})
+    # Each image's answer as one JSON document, from these outputs, for the requests asking for it.
+    asking = [r for r, req in enumerate(requests) if req.outputs is None or JSON.name in req.outputs]
+    if JSON.name in declared and asking:
+        documented = [results[r] for r in asking]
+        add_documents(documented, declared, {name for part in attached for name in part.outputs})
+        for r, result in zip(asking, documented):
+            results[r] = result
 
 
 def _region_outputs(rows: np.ndarray, regions: list, k: int) -> dict[str, np.ndarray]:

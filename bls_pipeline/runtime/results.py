@@ -25,6 +25,9 @@ class ImageRequest:
     images: Sequence[bytes]
     # TOPK as sent: one value per image (a batched input), all equal; or None for the default
     topk: int | tuple[int, ...] | None = None
+    # The outputs the client asked for; None: every one (LocalFlow). An output no request of
+    # the run asks for is not built (the JSON documents).
+    outputs: frozenset[str] | None = None
 
     @property
     def k(self) -> int | None:

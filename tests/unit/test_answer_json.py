@@ -221,6 +221,15 @@ def test_the_runtime_writes_each_images_document_from_its_answer(repo):
     assert region["box"] == [0.0, 0.0, 64.0, 8.0] and region["outputs"] == {"SPOT_SIZE": 512, "SPOT_NOTE": "tache sombre à 1"}
 
 
+def test_only_the_requests_asking_for_it_get_their_documents_made(repo):
+    """The server passes the outputs each client asked for: JSON is made for those that did."""
+    with LocalFlow(repo / "dark_spots", {"det": find_dark, "shade": shade}) as flow:
+        (labels_only, with_json), _ = flow.run([ImageRequest([png((8, 16, 24, 40))], outputs=frozenset({"LABELS", "SPOTS"})),
+                                                ImageRequest([png((8, 16, 24, 40))], outputs=frozenset({"JSON"}))])
+    assert "JSON" not in labels_only.outputs and labels_only.outputs["SPOTS"].tolist() == [[1]]
+    assert strict(with_json.outputs["JSON"][0, 0])["outputs"] == {"SPOTS": 1}
+
+
 def test_a_flow_that_does_not_declare_it_gets_none_and_cannot_fill_it(repo):
     config = repo / "dark_spots" / "config.pbtxt"
     config.write_text(config.read_text().replace(',\n  { name: "JSON", data_type: TYPE_STRING, dims: [ 1 ] }', ""))
