@@ -37,25 +37,30 @@ from .calls import ChildRequest, Send
 from .children import version_folders
 from .errors import ChildCallError
 from .modelconfig import parse_config, string_parameters
-from .onnx import open_engine
+from .onnx import ENGINE_SUFFIXES, open_engine
 from .settings import ConfigError
 
-__all__ = ["InProcessChildren", "engine_file"]
+__all__ = ["InProcessChildren", "engine_file", "open_model_engine"]
 
 log = logging.getLogger(__name__)
 
-ENGINE_SUFFIXES = (".onnx", ".xml")
 VERSIONS_HELD = 2  # engines held per model: the version serving, and a canary's (or the next)
 
 
 def engine_file(model_dir: Path, version: str) -> Path | None:
     """The CPU engine file a model's version folder holds (its `artifact`), or None: the
     model is not a CPU engine model (no artifact, or another kind of file)."""
-    params = string_parameters(parse_config(model_dir))
-    artifact = params.get("artifact", "")
-    if Path(artifact).suffix not in ENGINE_SUFFIXES:
-        return None
-    return Path(model_dir) / version / artifact
+    artifact = string_parameters(parse_config(model_dir)).get("artifact", "")
+    return Path(model_dir) / version / artifact if Path(artifact).suffix in ENGINE_SUFFIXES else None
+
+
+def open_model_engine(model_dir: Path, version: str,
+                      opener: Callable[[Path, Sequence[str], Sequence[str], Mapping[str, str], Declared], object] = open_engine):
+    """The engine of a CPU engine model's version folder, opened as the model's adapter opens
+    it: its config.pbtxt's tensors (the file checked against them) and parameters."""
+    config = parse_config(model_dir)
+    declared = Declared.from_config(Path(model_dir).name, config)
+    return opener(engine_file(model_dir, version), *declared.names, string_parameters(config), declared)
 
 
 class InProcessChildren:
@@ -84,7 +89,7 @@ class InProcessChildren:
                 log.info("%s: run_in_process names %s, which it does not call: nothing to run in process for it", flow, model)
             elif not (folder / "config.pbtxt").is_file():
                 log.info("%s calls %s through Triton: its folder is not beside %s (a remote repository)", flow, model, flow)
-            elif engine_file(folder, "1") is None:
+            elif engine_file(folder, "1") is None:  # its artifact names no engine file
                 raise ConfigError(f"model {flow}: parameter run_in_process names {model}, which is no CPU engine model "
                                   "(its artifact parameter must name an ONNX file or an OpenVINO IR, .onnx or .xml): "
                                   "remove it from the list")
@@ -108,12 +113,8 @@ class InProcessChildren:
             return engine
         with self._lock:
             if key not in self._engines:
-                folder = self.repo / model
-                config = parse_config(folder)
-                declared = Declared.from_config(model, config)
-                path = engine_file(folder, version)
                 started = time.perf_counter()
-                engine = self._opener(path, *declared.names, string_parameters(config), declared)
+                engine = open_model_engine(self.repo / model, version, self._opener)
                 # A rollout moves the calls to a new version: the model's versions held stay
                 # at VERSIONS_HELD (a stable and a canary), the one opened longest ago let go.
                 held = [k for k in self._engines if k[0] == model]
@@ -122,7 +123,7 @@ class InProcessChildren:
                     log.info("%s let go of %s version %s (a newer version opened)", self.flow, model, old[1])
                 self._engines[key] = engine
                 log.info("%s runs %s version %s in process (%s, opened in %.2f s)", self.flow, model, version,
-                         path.name, time.perf_counter() - started)
+                         engine_file(self.repo / model, version).name, time.perf_counter() - started)
             return self._engines[key]
 
     def runs(self, request: ChildRequest) -> bool:
@@ -150,7 +151,7 @@ class InProcessChildren:
             if not local:
                 return list(inner(requests))
             out: list = [None] * len(requests)
-            remote = [i for i in range(len(requests)) if i not in set(local)]
+            remote = sorted(set(range(len(requests))) - set(local))
             if remote:
                 for i, result in zip(remote, inner([requests[i] for i in remote])):
                     out[i] = result

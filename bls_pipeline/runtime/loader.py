@@ -19,7 +19,7 @@ from typing import Callable
 from .modelconfig import parse_config, string_parameters
 from .settings import ConfigError, Settings, parse_settings
 
-__all__ = ["FLOW_FILE", "FlowDefinition", "declared_in_process", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
 
 FLOW_FILE = "flow.py"
 
@@ -74,19 +74,23 @@ def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for models in declared_preferences(model_dir, version) for m in models))
 
 
-def declared_in_process(model_dir: Path, version: str = "1") -> tuple[str, ...]:
-    """The children the flow runs in its own process (its run_in_process parameter)."""
+def declared_calls(model_dir: Path, version: str = "1") -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]:
+    """The flow's lists of candidates, each in its order of preference (a shadow's or a
+    canary's model a list of its own), and the children it runs in its own process (its
+    run_in_process), both with its config.pbtxt's settings applied: the flow read once."""
     model_dir = Path(model_dir)
     flow = load_flow(model_dir / version / FLOW_FILE)
-    runtime, _ = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
-    return runtime.run_in_process
+    runtime, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+    trials = tuple((t.model,) for t in (runtime.shadow, runtime.canary) if t is not None)
+    return tuple(tuple(c) for c in settings.candidate_lists()) + trials, runtime.run_in_process
+
+
+def declared_in_process(model_dir: Path, version: str = "1") -> tuple[str, ...]:
+    """The children the flow runs in its own process (its run_in_process parameter)."""
+    return declared_calls(model_dir, version)[1]
 
 
 def declared_preferences(model_dir: Path, version: str = "1") -> tuple[tuple[str, ...], ...]:
     """The flow's lists of candidates, each in its order of preference, with its config.pbtxt's
     settings applied; a shadow's or a canary's model is a list of its own."""
-    model_dir = Path(model_dir)
-    flow = load_flow(model_dir / version / FLOW_FILE)
-    runtime, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
-    trials = tuple((t.model,) for t in (runtime.shadow, runtime.canary) if t is not None)
-    return tuple(tuple(c) for c in settings.candidate_lists()) + trials
+    return declared_calls(model_dir, version)[0]

@@ -25,6 +25,7 @@ from .engine import FlowRuntime
 from .results import ImageRequest, Prediction, RequestError, Timings
 from .functions import FUNCTION_PARAMETER, load_function
 from .modelconfig import parse_config, string_parameters
+from .onnx import ENGINE_SUFFIXES
 
 __all__ = ["LocalFlow", "RequestFailed"]
 
@@ -112,7 +113,7 @@ class LocalFlow:
         path = model_dir / "1" / params.get("artifact", "")
         if not path.is_file():
             return None
-        return (config, path.suffix[1:], path) if path.suffix in (".onnx", ".xml") else None
+        return (config, path.suffix[1:], path) if path.suffix in ENGINE_SUFFIXES else None
 
     def _run_child(self, req: ChildRequest) -> Mapping[str, np.ndarray] | ChildCallError:
         data = next(iter(req.inputs.values()))

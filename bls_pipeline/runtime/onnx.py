@@ -13,9 +13,11 @@ import numpy as np
 
 from .artifact_io import Declared, onnx_tensors, openvino_tensors
 
-__all__ = ["OnnxModel", "OpenVinoModel", "open_engine"]
+__all__ = ["ENGINE_SUFFIXES", "OnnxModel", "OpenVinoModel", "open_engine"]
 
 log = logging.getLogger(__name__)
+
+ENGINE_SUFFIXES = (".onnx", ".xml")  # the engine files a CPU engine model's `artifact` names: onnxruntime, OpenVINO
 
 
 class OnnxModel:

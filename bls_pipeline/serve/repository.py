@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.loader import declared_in_process, declared_models, declared_preferences, is_flow_model
+from ..runtime.loader import declared_calls, declared_models, is_flow_model
 from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
 
 __all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading", "standby_models"]
@@ -294,8 +294,9 @@ def standby_models(repo: Path | Repository, loaded: tuple[str, ...]) -> dict[str
         elif repo.callees[caller]:  # a flow (its callees read without error)
             config = repo.configs[caller]  # a KIND_GPU flow sends every call through Triton
             gpu = any(group.kind == group.KIND_GPU for group in config.instance_group)
-            in_process = () if gpu else declared_in_process(repo.root / caller)
-            for models in declared_preferences(repo.root / caller):
+            preferences, in_process = declared_calls(repo.root / caller)
+            in_process = () if gpu else in_process
+            for models in preferences:
                 present = [m for m in models if m in loaded]
                 if present and present[0] in in_process:
                     why.setdefault(present[0], f"run in process by {caller}")

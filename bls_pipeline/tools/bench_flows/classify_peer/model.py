@@ -16,17 +16,12 @@ import triton_python_backend_utils as pb_utils
 
 from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters
 from bls_pipeline.runtime.children import load_child, version_folders
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.onnx import open_engine
+from bls_pipeline.runtime.in_process import open_model_engine
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
 from bls_pipeline.stages.postprocess import softmax, top_k
 
 
-def _engine(folder: Path, inputs: list[str], outputs: list[str]):
-    """The classifier's engine as its model's adapter opens it (runtime.onnx.open_engine)."""
-    params = string_parameters(parse_config(folder))
-    return open_engine(folder / version_folders(folder)[0] / params["artifact"], inputs, outputs, params)
 
 
 class TritonPythonModel:
@@ -36,7 +31,8 @@ class TritonPythonModel:
         repo = Path(args["model_repository"]).parent
         self.classifier = load_child(repo, params["engine"])
         self.input, self.output = self.classifier.image.name, self.classifier.scores_output.name
-        self.engine = _engine(repo / params["engine"], [self.input], [self.output])
+        # The classifier's engine as its model's adapter opens it (its settings, its file checked).
+        self.engine = open_model_engine(repo / params["engine"], version_folders(repo / params["engine"])[0])
         self.labels = list(self.classifier.labels)
         self.topk = int(params.get("default_topk", "5"))
         self.image = json.loads(args["model_config"])["input"][0]["name"]
