@@ -117,6 +117,19 @@ def test_good_and_bad_requests_in_one_batch(server, protocol, sample_images):
             assert res["CLASS_IDS"].shape == (len(images), 2)
 
 
+def _settled_counts(server, *models: str) -> list[tuple[int, int]]:
+    """_counts of each model once they stop moving: Triton counts a request when it releases
+    it, just after its response, so the last requests of the test before may still land."""
+    counts, deadline = [_counts(server, m) for m in models], time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        again = [_counts(server, m) for m in models]
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
 def _counts(server, model: str) -> tuple[int, int]:
     """(inference_count, execution_count) of `model`: images and execute() calls (statistics API)."""
     import tritonclient.http as tc
@@ -135,7 +148,7 @@ def test_one_batched_child_call_per_execute(server, sample_images):
     classifier runs as often as the flow, fewer times than there were requests."""
     n = 16
     images = [list(sample_images.values())[i % len(sample_images)] for i in range(n)]
-    flow_before, classifier_before = _counts(server, ONE_INSTANCE), _counts(server, "resnet50_onnx")
+    flow_before, classifier_before = _settled_counts(server, ONE_INSTANCE, "resnet50_onnx")
     start = threading.Barrier(n)
 
     def send(image):
