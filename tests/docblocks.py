@@ -38,8 +38,12 @@ def unmarked_blocks(doc: Path) -> list[int]:
 
 
 def user_checkout(root: Path, models: Path) -> Path:
-    """A reader's checkout in `root`: a copy of `models`, the samples and this .venv."""
-    shutil.copytree(models, root / "models", symlinks=True)
+    """A reader's checkout in `root`: the folders of `models` that ship in models/ (with what
+    `models` exported into them; none of the test repository's variants), the samples and
+    this .venv."""
+    for folder in sorted(p.name for p in (REPO / "models").iterdir() if p.is_dir()):
+        shutil.copytree(models / folder, root / "models" / folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (root / "samples").symlink_to(REPO / "samples")
     (root / ".venv").symlink_to(REPO / ".venv")
     return root

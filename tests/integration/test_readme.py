@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from docblocks import REPO, commands
+from docblocks import REPO, commands, user_checkout
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +43,10 @@ def test_triton_tag_is_set_once(repo_root):
             assert not re.search(r"tritonserver:\d{2}\.\d{2}", path.read_text(errors="ignore")), name
 
 
-def test_main_job_classifies_the_samples(model_repo, repo_root):
-    """bls-demo (what ./scripts/demo.sh runs after setup) on the test repository copy."""
-    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.tools.demo", "--model-repository", str(model_repo), "--topk", "2"],
+def test_main_job_classifies_the_samples(model_repo, repo_root, tmp_path):
+    """bls-demo (what ./scripts/demo.sh runs after setup) on a reader's checkout of the test repository."""
+    models = user_checkout(tmp_path, model_repo) / "models"
+    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.tools.demo", "--model-repository", str(models), "--topk", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for protocol in ("HTTP", "GRPC"):
