@@ -100,8 +100,11 @@ def test_the_bench_repository_has_both_flows_and_the_ceiling(tmp_path, gpu):
         params = string_parameters(parse_config(tmp_path / "models" / flow))
         assert {k: params[k] for k in gpubench.FLOW_SETTINGS} == gpubench.FLOW_SETTINGS
         assert (tmp_path / "models" / flow / "1" / "flow.py").exists()
-    if not gpu:
-        assert string_parameters(parse_config(tmp_path / "models" / gpubench.CEILING))["precision"] == "fp32"
+    ceiling = parse_config(tmp_path / "models" / gpubench.CEILING)
+    if gpu:  # the shipped config's batch: every bucket's CUDA graph
+        assert ceiling.max_batch_size == parse_config(ROOT / "models" / gpubench.CEILING).max_batch_size == 64
+    else:  # a dry run warms up to a batch that a CPU runs in well under a second
+        assert string_parameters(ceiling)["precision"] == "fp32" and ceiling.max_batch_size == gpubench.DRY_RUN_MAX_BATCH
 
 
 def _point(target, c, ips, errors=0):
