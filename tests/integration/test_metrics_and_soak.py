@@ -19,7 +19,7 @@ from bls_pipeline.serve.processes import stub_instances
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"
 BAD = b"<html>not an image</html>"
-WARMUP_S = 30.0
+WARMUP_S = 10.0  # the pools fill in the first seconds: private memory was flat from 10 s on (two runs beside a busy core)
 # How long after the last answer every bls_* series must be on the endpoint, with no more traffic.
 CURRENT_S = 1.0
 
