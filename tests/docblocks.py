@@ -37,13 +37,17 @@ def unmarked_blocks(doc: Path) -> list[int]:
             if not m.group(2) and not (m.group(1) and NOT_RUN.fullmatch(m.group(1)))]
 
 
-def user_checkout(root: Path, models: Path) -> Path:
-    """A reader's checkout in `root`: the folders of `models` that ship in models/ (with what
-    `models` exported into them; none of the test repository's variants), the samples and
-    this .venv."""
+def copy_shipped_models(models: Path, dst: Path) -> Path:
+    """The folders of `models` that ship in models/ (with what `models` exported into them;
+    none of the test repository's variants), copied into `dst`: a reader's models/."""
     for folder in sorted(p.name for p in (REPO / "models").iterdir() if p.is_dir()):
-        shutil.copytree(models / folder, root / "models" / folder, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(models / folder, dst / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def user_checkout(root: Path, models: Path) -> Path:
+    """A reader's checkout in `root`: copy_shipped_models of `models`, the samples and this .venv."""
+    copy_shipped_models(models, root / "models")
     (root / "samples").symlink_to(REPO / "samples")
     (root / ".venv").symlink_to(REPO / ".venv")
     return root

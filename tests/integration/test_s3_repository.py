@@ -22,6 +22,7 @@ import pytest
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.s3 import PLACEHOLDER, S3Error, check_access, publish
 from bls_pipeline.serve.server import ServerOptions, TritonServer
+from docblocks import copy_shipped_models
 
 REGION = "us-east-1"  # any name works on moto; Triton and boto3 need one
 
@@ -46,9 +47,9 @@ def _keys(s3_endpoint, url: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def local_repo(model_repo, tmp_path_factory) -> Path:
-    """The test repository with no .gitkeep: the ensemble's version folder is really empty."""
-    repo = tmp_path_factory.mktemp("s3src") / "models"
-    shutil.copytree(model_repo, repo, symlinks=True)
+    """A reader's models/ (the test repository's exports, not its variants) with no .gitkeep:
+    the ensemble's version folder is really empty."""
+    repo = copy_shipped_models(model_repo, tmp_path_factory.mktemp("s3src") / "models")
     for keep in repo.glob("*/*/.gitkeep"):
         keep.unlink()
     assert not any((repo / "ensemble_resnet50" / "1").iterdir())
