@@ -43,8 +43,13 @@ RECHECK_S = 1.0  # the flow's route_recheck_s: it looks again for a newer versio
 
 def flow_on_main_alone(model_repo: Path, repo: Path, copy_function=shutil.copy2) -> Path:
     """A repository of MAIN (version 1 only, as in model_repo) and FLOW, classify_bls on MAIN
-    alone through Triton, looking again for a newer version every RECHECK_S."""
+    alone through Triton, looking again for a newer version every RECHECK_S. MAIN's memory
+    arena is off, as resnet50_onnx's is: the memory the overload test bounds is what queued
+    requests hold, not the high-water mark an arena keeps from the largest batch."""
     shutil.copytree(model_repo / MAIN, repo / MAIN, copy_function=copy_function)
+    main_config = config_variant(repo / MAIN, MAIN, {"memory_arena": "0"})
+    (repo / MAIN / "config.pbtxt").unlink()  # maybe a link to model_repo's: written anew, not through it
+    (repo / MAIN / "config.pbtxt").write_text(main_config)
     shutil.copytree(model_repo / "classify_bls", repo / FLOW)
     config = text_format.Parse(config_variant(repo / FLOW, FLOW, {
         "cascade_classifiers": "none", "classifiers": MAIN, "tta_threshold": "0", "route_recheck_s": str(RECHECK_S),
