@@ -22,8 +22,6 @@ from bls_pipeline.stages.decode import DecodePolicy
 from bls_pipeline.stages.postprocess import softmax, top_k
 
 
-
-
 class TritonPythonModel:
     def initialize(self, args):
         bridge_logging(pb_utils)
