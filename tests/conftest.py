@@ -1,3 +1,4 @@
+import functools
 import io
 import os
 import shutil
@@ -6,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from xdist.scheduler import LoadFileScheduling
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -73,14 +75,56 @@ def effnet_onnx_model(tmp_path_factory) -> Path:
     return once_per_run(tmp_path_factory, "effnet_onnx", make)
 
 
+# ---- how ./scripts/test.sh spreads the files over pytest-xdist's workers ---------------------
+# The session `server` (tests/integration/conftest.py) serves about 30 models and takes 20 s
+# of both cores to start: every file that uses it goes to one worker, which starts it once.
+SESSION_SERVER_FILES = "session-server-files.txt"  # written by the workers, read by the controller
+SESSION_SERVER_GROUP = "tests/integration (the files on the session server)"
+
+
+def _uses_session_server(item) -> bool:
+    return "server" in getattr(item, "fixturenames", ())
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist's workers (./scripts/test.sh), the files that start servers go first
-    and the unit tests (many short files) last, to fill the workers' ends: a long file
-    handed out last would run alone while the other worker idles. Order within a file is
-    kept. Without workers, unit tests first (testpaths): their failures show in seconds."""
-    if hasattr(config, "workerinput"):  # a worker: the controller hands out files in its collection order
-        rank = {"gpu": 0, "integration": 1, "unit": 2}
-        items.sort(key=lambda item: rank.get(Path(str(item.fspath)).parent.name, 1))
+    """With pytest-xdist's workers (./scripts/test.sh), the files on the session server go
+    first (one work unit, see SessionServerScheduling), then the GPU tests and the other
+    files that start servers, and the unit tests (many short files) last, to fill the
+    workers' ends: a long file handed out last would run alone while the other worker idles.
+    Files stay whole, in order. Without workers, unit tests first (testpaths): their
+    failures show in seconds."""
+    if not hasattr(config, "workerinput"):  # the controller hands out files in the workers' collection order
+        return
+    grouped = {_file(item) for item in items if _uses_session_server(item)}
+    rank = {"gpu": 1, "integration": 2, "unit": 3}  # the GPU script's test is the longest file
+    items.sort(key=lambda item: 0 if _file(item) in grouped else rank.get(Path(str(item.fspath)).parent.name, 2))
+    # Both workers collect the same tests and write the same list; the controller reads it
+    # once both have sent their collections (in its basetemp: the workers' common parent).
+    shared = config._tmp_path_factory.getbasetemp().parent / SESSION_SERVER_FILES
+    written = shared.with_name(f"{shared.name}.{config.workerinput['workerid']}")
+    written.write_text("\n".join(sorted(grouped)))
+    os.replace(written, shared)
+
+
+class SessionServerScheduling(LoadFileScheduling):
+    """--dist loadfile, except that the files on the session server are one work unit."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = super()._split_scope(nodeid)
+        return SESSION_SERVER_GROUP if file in self._grouped else file
+
+    @functools.cached_property
+    def _grouped(self) -> frozenset[str]:  # first read in schedule(), once every worker has collected
+        path = self.config._tmp_path_factory.getbasetemp() / SESSION_SERVER_FILES
+        return frozenset(path.read_text().split()) if path.is_file() else frozenset()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return SessionServerScheduling(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 def pytest_addoption(parser):

@@ -24,19 +24,21 @@ pytestmark = pytest.mark.integration
 QUICK = os.environ.get("BLS_TEST_QUICK") == "1"
 
 
-@pytest.fixture(scope="module")
-def smoke_server(request, tmp_path_factory, repo_root, effnet_onnx_model, server_factory):
-    if not QUICK:
-        yield request.getfixturevalue("server")
-        return
-    repo = tmp_path_factory.mktemp("smoke") / "models"  # every config (the flow reads its candidates'), no engine
-    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns(
-        "*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
-    for src in artifact_files(effnet_onnx_model):
-        shutil.copy(src, repo / "efficientnet_lite0_onnx" / "1" / src.name)
-    server = server_factory(repo, repo.parent, models=("classify_bls",))
-    yield server
-    server.stop()
+if QUICK:
+    @pytest.fixture(scope="module")
+    def smoke_server(tmp_path_factory, repo_root, effnet_onnx_model, server_factory):
+        repo = tmp_path_factory.mktemp("smoke") / "models"  # every config (the flow reads its candidates'), no engine
+        shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns(
+            "*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
+        for src in artifact_files(effnet_onnx_model):
+            shutil.copy(src, repo / "efficientnet_lite0_onnx" / "1" / src.name)
+        server = server_factory(repo, repo.parent, models=("classify_bls",))
+        yield server
+        server.stop()
+else:
+    @pytest.fixture(scope="module")
+    def smoke_server(server):  # requested by name: the full run puts this file with the session server's (tests/conftest.py)
+        return server
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
