@@ -15,12 +15,15 @@ from engine_build.export_onnx import artifact_files
 pytestmark = pytest.mark.integration
 
 
-def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, onnx_model):
+# efficientnet_lite0 first: with pytest-xdist's workers, this one exports it while the
+# session server's worker exports resnet50 (tests/conftest.py: once_per_run).
+def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effnet_onnx_model, onnx_model):
     work, out = tmp_path / "work", tmp_path / "out"
-    exported = work / "models" / "resnet50_onnx" / "1"
-    exported.mkdir(parents=True)
-    for path in artifact_files(onnx_model):  # the session's export: one less to make
-        shutil.copy(path, exported / path.name)
+    for model, artifact in (("resnet50_onnx", onnx_model), ("efficientnet_lite0_onnx", effnet_onnx_model)):
+        exported = work / "models" / model / "1"
+        exported.mkdir(parents=True)
+        for path in artifact_files(artifact):  # the session's exports: two less to make
+            shutil.copy(path, exported / path.name)
     proc = subprocess.run(["bash", str(repo_root / "scripts" / "gpu" / "run.sh"), "--cpu-check", "--quick",
                            "--out", str(out), "--work", str(work)], capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
@@ -29,7 +32,8 @@ def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, onnx_
                                                       "tritonserver_bench.log"]
     results = json.loads((out / "results.json").read_text())
     assert results["env"]["ok"] and results["stub_check"]["ok"] and results["exports"]["ok"] and results["tests"]["ok"]
-    assert "have " in log and "resnet50_onnx/1/model.onnx" in log  # the given export was kept
+    kept = {line.split("/models/")[-1] for line in log.splitlines() if line.startswith("have ")}
+    assert kept == {"resnet50_onnx/1/model.onnx", "efficientnet_lite0_onnx/1/model.onnx"}, kept  # the given exports
     assert "skipped" in results["tests"]["summary"]  # without a GPU, every GPU test says why it skipped
     assert results["decode"]["rows"][0]["batch"] == 16 and results["decode"]["parity_full_decode"]["max_steps"] <= 1.0 + 1e-3
     serve = results["serve"]

@@ -29,6 +29,22 @@ def test_the_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True).returncode == 0
 
 
+def test_the_scripts_onnx_exports_are_random_weight_exports_of_both_models(monkeypatch, tmp_path):
+    """tests/gpu/test_run_script.py hands the script both ONNX exports, so it runs neither
+    of these commands: they go through engine_build's command line here, the export recorded."""
+    from engine_build import cli, export_onnx
+
+    script = (SCRIPTS / "run.sh").read_text().replace("\\\n", " ")
+    lines = re.findall(r'^export_one "\$MODELS/\S+" \S+ (export .*)$', script, re.M)
+    exported = []
+    monkeypatch.setattr(export_onnx, "build_torch_model", lambda weights, model: (model, weights))
+    monkeypatch.setattr(export_onnx, "export_onnx", lambda model, output, weights: exported.append((*model, output)) or 0.0)
+    for line in lines:
+        assert cli.main(line.replace("$MODELS", str(tmp_path)).replace('"', "").split()) == 0
+    assert exported == [("resnet50", "random", tmp_path / "resnet50_onnx/1/model.onnx"),
+                        ("efficientnet_lite0", "random", tmp_path / "efficientnet_lite0_onnx/1/model.onnx")]
+
+
 def test_fetch_wheels_downloads_pinned_versions():
     packages = re.search(r"^PACKAGES=\((.*)\)$", (SCRIPTS / "fetch_wheels.sh").read_text(), re.M).group(1).split()
     lock = (ROOT / "requirements.lock").read_text().lower().replace("_", "-")
