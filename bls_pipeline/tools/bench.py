@@ -216,6 +216,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     errors = [0] * concurrency
     escalated = [0] * concurrency
     regions = [0] * concurrency
+    sent = [0] * concurrency  # requests each client sent in the measured window
     start_gate = threading.Barrier(concurrency + 1)
 
     def worker(w: int) -> None:
@@ -229,6 +230,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
             t0 = time.perf_counter()
             if t0 >= stop_at[0]:
                 break
+            if t0 >= record_from[0]:
+                sent[w] += 1
             try:
                 result = client.infer(model, inputs, outputs=outputs)
                 ok = True
@@ -252,11 +255,17 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     model = _model(target, classifier)
     start_gate.wait()
     now = time.perf_counter()
-    record_from[0], stop_at[0] = now + warmup_s, now + warmup_s + duration_s
+    record_from[0] = now + warmup_s
     time.sleep(warmup_s)
     called = HANDWRITTEN_CALLS if target in REGION_TARGETS else ()
     before, children_before = _server_stats(stats_client, model), _child_counts(stats_client, called)
     time.sleep(duration_s)
+    # The window lasts until every client sent a request in it: one whose requests take
+    # longer than the window (a slow model on a busy machine) would leave it empty, 0 images/s.
+    while not all(sent) and all(t.is_alive() for t in threads):
+        time.sleep(0.005)
+    stop_at[0] = time.perf_counter()
+    window_s = stop_at[0] - record_from[0]
     after, children_after = _server_stats(stats_client, model), _child_counts(stats_client, called)
     for t in threads:
         t.join()
@@ -264,10 +273,10 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     lat = np.array([x for per in latencies for x in per]) * 1e3
     n = max(after["count"] - before["count"], 1)
     pct = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
-    return Point(target, concurrency, len(lat) / duration_s, *map(float, pct), len(lat), sum(errors),
+    return Point(target, concurrency, len(lat) / window_s, *map(float, pct), len(lat), sum(errors),
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
-                 sum(regions) / duration_s if target in REGION_TARGETS else None,
+                 sum(regions) / window_s if target in REGION_TARGETS else None,
                  children_per_image(children_before, children_after, n) if called else None)
 
 
@@ -496,7 +505,8 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bls-bench", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep")
-    p.add_argument("--duration", type=float, default=15.0, help="seconds measured per point")
+    p.add_argument("--duration", type=float, default=15.0,
+                   help="seconds measured per point (longer until every client sent a request in them)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
     p.add_argument("--targets", default=",".join(TARGETS),
                    help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL, classify_bls@MODEL or {PEER}@MODEL "
