@@ -170,7 +170,7 @@ fi
 
 step "classifier: resnet50_torch in process, eager vs CUDA graphs"
 if ! skipped classifier; then
-  if [ $QUICK = 1 ]; then classifier_args=(--classifier-batch 1,4 --seconds 0.5 --min-runs 1); else classifier_args=(--seconds 2); fi
+  if [ $QUICK = 1 ]; then classifier_args=(--classifier-batch 1,2 --seconds 0.5 --min-runs 1); else classifier_args=(--seconds 2); fi
   "$PY" -m bls_pipeline.tools.gpubench classifier --device "$DEVICE" --out "$OUT" --model-repository "$MODELS" \
     "${classifier_args[@]}" || FAILED+=(classifier)
 fi
