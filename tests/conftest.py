@@ -102,8 +102,8 @@ def pytest_collection_modifyitems(config, items):
     grouped = {_file(item) for item in items if _uses_session_server(item)}
     rank = {"gpu": 1, "integration": 2, "unit": 3}  # the GPU script's test is the longest file
     items.sort(key=lambda item: 0 if _file(item) in grouped else rank.get(Path(str(item.fspath)).parent.name, 2))
-    # Both workers collect the same tests and write the same list; the controller reads it
-    # once both have sent their collections (in its basetemp: the workers' common parent).
+    # Every worker collects the same tests and writes the same list; the controller reads it
+    # once all have sent their collections (in its basetemp: the workers' common parent).
     shared = config._tmp_path_factory.getbasetemp().parent / SESSION_SERVER_FILES
     written = shared.with_name(f"{shared.name}.{config.workerinput['workerid']}")
     written.write_text("\n".join(sorted(grouped)))

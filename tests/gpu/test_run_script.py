@@ -22,7 +22,7 @@ def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effne
     for model, artifact in (("resnet50_onnx", onnx_model), ("efficientnet_lite0_onnx", effnet_onnx_model)):
         exported = work / "models" / model / "1"
         exported.mkdir(parents=True)
-        for path in artifact_files(artifact):  # the session's exports: two less to make
+        for path in artifact_files(artifact):  # the session's exports: two fewer to make
             shutil.copy(path, exported / path.name)
     proc = subprocess.run(["bash", str(repo_root / "scripts" / "gpu" / "run.sh"), "--cpu-check", "--quick",
                            "--out", str(out), "--work", str(work)], capture_output=True, text=True, timeout=900)
