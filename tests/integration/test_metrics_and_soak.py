@@ -207,8 +207,9 @@ def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):
     # An instance the batcher picks less often fills its pools later, toward what its sibling
     # holds: classify_bls_failover's second instance, after the 10 s warm-up, climbed 34 -> 41
     # MB (its sibling at 46) in one run and 34 -> 43 MB (its sibling at 42-44) in another, in
-    # equal steps. A climb that stays within a sibling's highest level is that; a leak of
-    # the flow's would show in the busier sibling first, and goes past it.
+    # equal steps; run alone on a fresh server, a 90 s soak kept both flat at 42-43 MB. A climb
+    # that stays within a sibling's highest level is that; a leak of the flow's would show
+    # in the busier sibling first, and goes past it.
     for name in start:
         base = start[name]["RssAnon"]
         siblings = [max(start[other]["RssAnon"], *series[other]) for other in start
