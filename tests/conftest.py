@@ -75,6 +75,23 @@ def effnet_onnx_model(tmp_path_factory) -> Path:
     return once_per_run(tmp_path_factory, "effnet_onnx", make)
 
 
+@pytest.fixture(scope="session")
+def place_exports():
+    """place(repo, {model: export}): copies each export's files (the graph, its weights, the
+    weights stamp) into repo/model/1/, as the export would have written them there."""
+    from engine_build.export_onnx import artifact_files
+
+    def place(repo: Path, exports: dict[str, Path]) -> Path:
+        for model, export in exports.items():
+            version = repo / model / "1"
+            version.mkdir(parents=True, exist_ok=True)
+            for path in artifact_files(export):
+                shutil.copy(path, version / path.name)
+        return repo
+
+    return place
+
+
 # ---- how ./scripts/test.sh spreads the files over pytest-xdist's workers ---------------------
 # The session `server` (tests/integration/conftest.py) serves about 30 models and takes 20 s
 # of both cores to start: every file that uses it goes to one worker, which starts it once.

@@ -5,25 +5,19 @@ fails here and not on the GPU machine. Integration: it starts servers and export
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
-
-from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.integration
 
 
 # efficientnet_lite0 first: with pytest-xdist's workers, this one exports it while the
 # session server's worker exports resnet50 (tests/conftest.py: once_per_run).
-def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effnet_onnx_model, onnx_model):
+def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effnet_onnx_model, onnx_model, place_exports):
     work, out = tmp_path / "work", tmp_path / "out"
-    for model, artifact in (("resnet50_onnx", onnx_model), ("efficientnet_lite0_onnx", effnet_onnx_model)):
-        exported = work / "models" / model / "1"
-        exported.mkdir(parents=True)
-        for path in artifact_files(artifact):  # the session's exports: two fewer to make
-            shutil.copy(path, exported / path.name)
+    # the session's exports: two fewer to make
+    place_exports(work / "models", {"resnet50_onnx": onnx_model, "efficientnet_lite0_onnx": effnet_onnx_model})
     proc = subprocess.run(["bash", str(repo_root / "scripts" / "gpu" / "run.sh"), "--cpu-check", "--quick",
                            "--out", str(out), "--work", str(work)], capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr

@@ -24,7 +24,6 @@ from google.protobuf import text_format
 
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
-from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.integration
 
@@ -49,15 +48,13 @@ def _variant(repo: Path, base: str, name: str, params: dict[str, str], instances
 
 
 @pytest.fixture(scope="session")
-def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model) -> Path:
+def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model, place_exports) -> Path:
     repo = tmp_path_factory.mktemp("repo") / "models"
     _copy_repo(repo_root / "models", repo)
     from engine_build.ocr import build_ocr_models
 
     build_ocr_models(repo)  # read_text's children: PP-OCR from the rapidocr wheel (cached under build/)
-    for artifact, model in ((onnx_model, "resnet50_onnx"), (effnet_onnx_model, "efficientnet_lite0_onnx")):
-        for src in artifact_files(artifact):  # the graph, its weights, the weights stamp
-            shutil.copy(src, repo / model / "1" / src.name)
+    place_exports(repo, {"resnet50_onnx": onnx_model, "efficientnet_lite0_onnx": effnet_onnx_model})
     # On standby (behind resnet50 in classify_bls_failover, on its own servers), it lets go of
     # its engine after 2 s without a call, not 30: test_faults sees it.
     with open(repo / "efficientnet_lite0_onnx" / "config.pbtxt", "a") as config:

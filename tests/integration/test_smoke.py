@@ -17,7 +17,6 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.serve.client import ClassifyClient
-from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +25,11 @@ QUICK = os.environ.get("BLS_TEST_QUICK") == "1"
 
 if QUICK:
     @pytest.fixture(scope="module")
-    def smoke_server(tmp_path_factory, repo_root, effnet_onnx_model, server_factory):
+    def smoke_server(tmp_path_factory, repo_root, effnet_onnx_model, place_exports, server_factory):
         repo = tmp_path_factory.mktemp("smoke") / "models"  # every config (the flow reads its candidates'), no engine
         shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns(
             "*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
-        for src in artifact_files(effnet_onnx_model):
-            shutil.copy(src, repo / "efficientnet_lite0_onnx" / "1" / src.name)
+        place_exports(repo, {"efficientnet_lite0_onnx": effnet_onnx_model})
         server = server_factory(repo, repo.parent, models=("classify_bls",))
         yield server
         server.stop()
