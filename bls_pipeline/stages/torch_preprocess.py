@@ -45,7 +45,10 @@ def decode_jpegs(datas: Sequence[bytes], device: torch.device | str) -> list[tor
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchvision >= 0.29 warns that its decoders move to TorchCodec
-        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+        # One buffer for the batch, cut into views: a tensor built per image cost about 20 µs
+        # (frombuffer warns that bytes are read-only; the decoder only reads them).
+        joined = torch.frombuffer(b"".join(datas), dtype=torch.uint8)
+        encoded = list(joined.split([len(data) for data in datas]))
         return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
 
 
