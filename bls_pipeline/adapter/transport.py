@@ -4,7 +4,8 @@ One request goes out with `exec()`; several (a flow's `together`, or one call ch
 the child's max_batch_size) go out with `async_exec()` and are awaited together on this
 model instance's own event loop, so they are in flight at the same time. Inputs cross as
 numpy arrays, or as CUDA tensors through DLPack; a request with `output_gpu` asks for its
-outputs in that GPU's memory (preferred_memory) and gets them back as torch tensors there.
+outputs in that GPU's memory (preferred_memory) and gets them back as torch tensors there,
+one without it asks for them in host memory.
 A failed call comes back as a ChildCallError with the server's message, marked
 `unavailable` when the server says the model could not take it at all (its stub died, it
 or the version asked for is unloading or gone): the runtime retries those; `busy` when it
@@ -73,6 +74,11 @@ class TritonTransport:
         options = {}
         if req.output_gpu is not None:
             options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_GPU, req.output_gpu)
+        else:
+            # A flow on the CPU asks for host memory: a child on a GPU (resnet50_torch, a plan)
+            # answers through Triton's copy, and this stub never makes a CUDA context of its
+            # own to copy the logits (about 1 GiB of GPU memory per stub).
+            options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_CPU, 0)
         if req.version:
             options["model_version"] = int(req.version)
         if self.trace is not None:  # Triton records this call as a child of that request's trace

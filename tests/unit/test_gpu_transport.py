@@ -82,7 +82,8 @@ def test_a_gpu_request_asks_for_its_outputs_in_that_gpus_memory():
     assert inputs[0].value is pixels  # the tensor itself went to from_dlpack: the stub syncs on its stream
     assert isinstance(out["output"], np.ndarray) and out["output"].shape == (2, 3)
     transport.send([ChildRequest("resnet50_onnx", {"input": np.zeros((1, 3, 4, 4), np.float32)}, ("output",))])
-    assert pb.requests[1][2] == {} and isinstance(pb.requests[1][1][0].value, np.ndarray)
+    # A request without output_gpu (a flow on the CPU) asks for host memory: no CUDA context in its stub.
+    assert pb.requests[1][2] == {"preferred_memory": ("CPU", 0)} and isinstance(pb.requests[1][1][0].value, np.ndarray)
 
 
 def test_outputs_that_come_back_on_the_device_stay_tensors_for_a_gpu_flow_and_become_numpy_for_a_cpu_flow():
