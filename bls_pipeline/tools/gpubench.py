@@ -23,6 +23,7 @@ models on CPU instances. Load points reuse bls-bench's run_point, make_image_set
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -42,6 +43,9 @@ from google.protobuf import text_format
 from tqdm import tqdm
 
 from ..runtime.modelconfig import parse_config
+from ..stages.decode import DecodePolicy
+from ..stages.jpeg_header import gpu_jpeg
+from ..stages.preprocess import PreprocessSpec
 from ..serve.paths import checkout, default_models, default_samples
 from . import bench
 
@@ -296,8 +300,6 @@ def _parity(cpu: np.ndarray, other: np.ndarray, spec) -> dict:
 def cmd_decode(args) -> int:
     from ..runtime.device import HostDevice
     from ..runtime.torch_device import TorchDevice
-    from ..stages.decode import DecodePolicy
-    from ..stages.preprocess import PreprocessSpec
 
     spec, policy = PreprocessSpec(), DecodePolicy()
     images = _images(args)
@@ -325,6 +327,7 @@ def cmd_decode(args) -> int:
             report["rows"].append(row)
             print(f"decode batch {batch_size}: GPU path {row['gpu_path_images_per_s']:.0f} img/s, CPU path on {cores} "
                   f"threads {row['cpu_path_images_per_s']:.0f} img/s")
+        report["regions"] = _regions(torch_device, host, images * 4, 8, args, sync, pool)
         # Parity on the distinct images: against the CPU path as it runs (its JPEG draft decode
         # is off for these, their shorter side is under 2 x 256) and with the draft off.
         one = [[data] for data in images]
@@ -364,7 +367,46 @@ def _decode_breakdown(device, datas: list[bytes], spec, args, sync) -> dict:
 
     return {"decode_only_images_per_s": _rate(lambda: ops.decode_jpegs(datas, device.device), len(datas), args, sync),
             "preprocess_only_images_per_s": _rate(lambda: ops.preprocess_batch(decoded, spec, device.device), len(datas), args, sync),
-            "decode_4_threads_images_per_s": _rate(threaded, len(datas), args, sync)}
+            "decode_4_threads_images_per_s": _rate(threaded, len(datas), args, sync),
+            "header_us_per_image": 1e6 / _rate(lambda: [gpu_jpeg(d, DecodePolicy()) for d in datas], len(datas), args, lambda: None),
+            "pillow_header_us_per_image": 1e6 / _rate(lambda: [_pillow_header(d) for d in datas], len(datas), args, lambda: None)}
+
+
+def _pillow_header(data: bytes) -> tuple:
+    """What the GPU path read from each header with Pillow before its own marker walk."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
+        return img.size, img.mode, img.getexif().get(0x0112, 1)
+
+
+def _regions(torch_device, host, datas: list[bytes], per_image: int, args, sync, pool) -> dict:
+    """Regions cut from decoded images into one batch (a detect-then-classify flow's second
+    stage): `per_image` boxes on each image, the GPU path's crop_batch (torchvision roi_align)
+    against the CPU path's (Pillow, per region, on the pool), regions/s."""
+    from PIL import Image
+
+    from ..stages.batching import crop_batch
+    from ..stages.preprocess import PreprocessSpec
+
+    rng = np.random.default_rng(0)
+    on_device = torch_device._ops.decode_jpegs(datas, torch_device.device)
+    on_host = [Image.open(io.BytesIO(d)).convert("RGB") for d in datas]
+    rows = np.repeat(np.arange(len(datas)), per_image)
+    boxes = []
+    for row in rows:
+        width, height = on_host[row].size
+        x0, y0 = rng.uniform(0, width * 0.6), rng.uniform(0, height * 0.6)
+        boxes.append((x0, y0, x0 + rng.uniform(24, width * 0.4), y0 + rng.uniform(24, height * 0.4)))
+    boxes = np.array(boxes)
+    out: dict = {"images": len(datas), "regions_per_image": per_image}
+    for name, spec in (("classifier_224", PreprocessSpec()),
+                       ("text_line_32x128", PreprocessSpec(mode="keep_aspect", crop=32, width=128))):
+        gpu = _rate(lambda: torch_device.crop(on_device, rows, boxes, spec), len(rows), args, sync)
+        cpu = _rate(lambda: crop_batch(on_host, rows, boxes, spec, pool), len(rows), args, lambda: None)
+        out[name] = {"gpu_regions_per_s": gpu, "cpu_regions_per_s": cpu, "gpu_over_cpu": gpu / cpu}
+        print(f"regions {name}: GPU {gpu:.0f}/s, CPU on {os.cpu_count()} threads {cpu:.0f}/s")
+    return out
 
 
 # ---- classifier: resnet50_torch in process -------------------------------------------------------
@@ -407,7 +449,7 @@ def cmd_classifier(args) -> int:
 
 
 # ---- serve: (b) end to end -----------------------------------------------------------------------
-def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1) -> None:
+def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1, classifier_instances: int = 1) -> None:
     """models/ with its artifacts linked, plus the bench's variants: classify_bls decoding on
     the GPU (`gpu_flow_instances` stubs on it) and on the CPU (as shipped: two CPU instances),
     both on resnet50_torch alone; resnet50_torch on the GPU (or, for a dry run without one,
@@ -421,6 +463,8 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1)
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         count = gpu_flow_instances if gpu and name == GPU_FLOW else None
         (dst / name / "config.pbtxt").write_text(_variant(src / "classify_bls", name, FLOW_SETTINGS, kind, count=count))
+    if gpu and classifier_instances != 1:
+        (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, {}, "KIND_GPU", count=classifier_instances))
     if not gpu:
         cpu_settings = {"precision": "fp32", "cuda_graphs": "0"}  # CUDA graphs need a KIND_GPU instance
         (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, cpu_settings, "KIND_CPU",
@@ -491,7 +535,7 @@ def cmd_serve(args) -> int:
     deadline = time.monotonic() + args.time_budget if args.time_budget else None
     work = Path(tempfile.mkdtemp(prefix="bls-gpubench-"))
     repo = work / "models"
-    gpu_repository(args.model_repository, repo, gpu, args.gpu_flow_instances)
+    gpu_repository(args.model_repository, repo, gpu, args.gpu_flow_instances, args.classifier_instances)
     targets = [(GPU_FLOW, GPU_FLOW), ("classifier", CEILING), (CPU_FLOW, CPU_FLOW)]
     models = tuple(dict.fromkeys(m for _, m in targets))
     log = args.out / "tritonserver_bench.log"
@@ -502,6 +546,7 @@ def cmd_serve(args) -> int:
     missing = server.not_loaded(models)
     report: dict = {"device": args.device, "client_processes": args.client_procs, "duration_s": args.duration,
                     "warmup_s": args.warmup, "gpu_flow_instances": args.gpu_flow_instances if gpu else None,
+                    "classifier_instances": args.classifier_instances if gpu else None,
                     "server_args": list(extra), "points": [], "gpu_memory_mib": {}, "stopped_early": None}
     if missing:
         shutil.rmtree(work, ignore_errors=True)
@@ -584,10 +629,20 @@ def summary(results: dict) -> str:
                   for r in decode["rows"]]
         split = [r for r in decode["rows"] if "decode_only_images_per_s" in r]
         if split:
-            lines += ["", "Where the GPU path's time goes (img/s of each part alone):", "",
-                      "| batch | JPEG decode | preprocess | decode on 4 threads at once |", "|---:|---:|---:|---:|"]
+            lines += ["", "Where the GPU path's time goes (img/s of each part alone; header reading in µs per image, "
+                      "the marker walk the path uses against Pillow's reading):", "",
+                      "| batch | JPEG decode | preprocess | decode on 4 threads at once | header µs | Pillow header µs |",
+                      "|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['batch']} | {r['decode_only_images_per_s']:.0f} | {r['preprocess_only_images_per_s']:.0f} "
-                      f"| {r['decode_4_threads_images_per_s']:.0f} |" for r in split]
+                      f"| {r['decode_4_threads_images_per_s']:.0f} | {r.get('header_us_per_image', float('nan')):.1f} "
+                      f"| {r.get('pillow_header_us_per_image', float('nan')):.1f} |" for r in split]
+        regions = decode.get("regions")
+        if regions:
+            lines += ["", f"Regions: {regions['regions_per_image']} boxes on each of {regions['images']} decoded images, "
+                      "cut, resized and normalised into one batch:", "", "| spec | GPU regions/s | CPU regions/s | GPU / CPU |",
+                      "|---|---:|---:|---:|"]
+            lines += [f"| {name} | {r['gpu_regions_per_s']:.0f} | {r['cpu_regions_per_s']:.0f} | {r['gpu_over_cpu']:.1f} |"
+                      for name, r in regions.items() if isinstance(r, dict)]
         for key, what in (("parity", "as the CPU path runs"), ("parity_full_decode", "CPU path without its JPEG draft decode")):
             p = decode.get(key)
             if p:
@@ -609,7 +664,8 @@ def summary(results: dict) -> str:
                 "images": serve.get("images", "?"), "rounds": 1}
         lines += ["## (b) end to end over gRPC", "", f"{serve['client_processes']} client processes share each point's "
                   "concurrency; p50/p95/p99 are their request-weighted means. classify_bls on the GPU: "
-                  f"{serve.get('gpu_flow_instances')} instance(s); server arguments: {serve.get('server_args')}.", "",
+                  f"{serve.get('gpu_flow_instances')} instance(s), {CEILING} {serve.get('classifier_instances')}; "
+                  f"server arguments: {serve.get('server_args')}.", "",
                   bench.markdown(points, [], meta)]
         if serve.get("stopped_early"):
             lines.append(f"Stopped early: {serve['stopped_early']}.\n")
@@ -663,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=1.5, help="serve: seconds per point before measuring")
     p.add_argument("--client-procs", type=int, default=4, help="serve: client processes per point")
     p.add_argument("--gpu-flow-instances", type=int, default=2, help="serve: classify_bls stubs on the GPU")
+    p.add_argument("--classifier-instances", type=int, default=1, help=f"serve: {CEILING} instances on the GPU")
     p.add_argument("--cuda-pool-mb", type=int, default=1024, help="serve: Triton's CUDA memory pool on GPU 0")
     p.add_argument("--time-budget", type=float, default=0.0, help="serve: stop the sweep before this many seconds (0: no limit)")
     p.add_argument("--section", help="note: which results section (exports, tests)")

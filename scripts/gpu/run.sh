@@ -8,7 +8,7 @@
 #   2 checks   gpubench env, then stub-check: the python backend stub works with this numpy
 #              (a failure skips step 6, the server benchmark; the rest still runs)
 #   3 exports  random-weight resnet50 (ONNX + torch state dict) and efficientnet_lite0
-#   4 tests    pytest tests/gpu
+#   4 tests    pytest tests/gpu, and tests/unit's GPU pixel, JPEG header and transport tests
 #   5 decode   (a) decode + preprocess in process, GPU path vs CPU path; then resnet50_torch
 #              in process, eager vs CUDA graphs
 #   6 serve    (b) end to end over gRPC, concurrency 1..256
@@ -148,9 +148,12 @@ fi
 skipped() { case "$SKIP" in *",$1,"*) echo "skipped: --skip $1"; return 0 ;; esac; return 1; }
 step "tests: pytest tests/gpu ($([ "$MODE" = gpu ] && echo "on the GPU" || echo "they skip without one, with the reason"))"
 if ! skipped tests; then
+  # tests/gpu, then the pixel, header and transport tests of tests/unit, whose CUDA cases run here.
   BLS_TEST_MODELS=$MODELS timeout $(( $(left) > 240 ? 240 : ($(left) > 60 ? $(left) - 30 : 30) )) \
     "$PY" -m pytest tests/gpu -m gpu -q -rA -p no:cacheprovider > "$OUT/tests_gpu.txt" 2>&1
   tests_rc=$?
+  timeout 120 "$PY" -m pytest tests/unit/test_gpu_pixels.py tests/unit/test_jpeg_header.py tests/unit/test_gpu_transport.py \
+    -q -rA -p no:cacheprovider >> "$OUT/tests_gpu.txt" 2>&1 || tests_rc=$((tests_rc ? tests_rc : 1))
   tail -5 "$OUT/tests_gpu.txt"
   if [ $tests_rc -eq 0 ]; then
     "$PY" -m bls_pipeline.tools.gpubench note --section tests --log "$OUT/tests_gpu.txt" --out "$OUT"
