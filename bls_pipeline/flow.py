@@ -43,6 +43,7 @@ guide.
 
 from .runtime.batch import Answer, Batch, ChildCallError, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
 from .runtime.local import LocalFlow, RequestFailed
+from .runtime.parameters import Parameters
 from .runtime.results import ImageRequest, Prediction, RequestError
 from .runtime.settings import Candidates, Probability, Settings
 
@@ -58,6 +59,7 @@ __all__ = [
     "LocalFlow",
     "NoModelReady",
     "Outputs",
+    "Parameters",
     "Prediction",
     "Probability",
     "RequestError",

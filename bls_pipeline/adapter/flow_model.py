@@ -24,7 +24,7 @@ from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
 from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
 from ..runtime.in_process import InProcessChildren
-from ..runtime.results import BAD_INPUT, BROKEN, UNAVAILABLE, ImageRequest, Prediction
+from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport
@@ -45,7 +45,7 @@ def flow_model(pb_utils: Any) -> type:
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=_declared_outputs(args))
+                                            outputs=_declared_outputs(args), queue=_queue(args))
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
@@ -130,13 +130,30 @@ def _declared_outputs(args: dict) -> list[TensorInfo]:
             for o in config.get("output", [])]
 
 
+def _queue(args: dict) -> tuple[int, float]:
+    """The model's max_batch_size and its dynamic batcher's max_queue_delay, in seconds: what
+    the runtime needs to bound how long a request waited (runtime/admission.py)."""
+    config = json.loads(args["model_config"])
+    delay_us = int((config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0) or 0)
+    return int(config.get("max_batch_size", 0) or 0), delay_us / 1e6
+
+
 def _read(pb_utils: Any, request: Any) -> ImageRequest:
     image = pb_utils.get_input_tensor_by_name(request, IMAGE.name)
     topk = pb_utils.get_input_tensor_by_name(request, TOPK.name)
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except ValueError:
+        parameters = {}
+    timeout_us = request.timeout()  # Triton's `timeout` request parameter, microseconds (0: none)
     return ImageRequest(
         images=[] if image is None else list(image.as_numpy().reshape(-1)),  # none: the runtime says so
         topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
         outputs=frozenset(request.requested_output_names()),  # all of them when the client named none
+        id=request.request_id(),
+        parameters=parameters if isinstance(parameters, dict) else {},
+        timeout_s=timeout_us / 1e6 if timeout_us else None,
+        cancelled=request.is_cancelled,
     )
 
 
@@ -144,7 +161,8 @@ def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
     """Only the outputs the client asked for (Triton lists all of them when it named none)."""
     if not isinstance(result, Prediction):
         error = pb_utils.TritonError
-        code = {BAD_INPUT: error.INVALID_ARG, BROKEN: error.INTERNAL, UNAVAILABLE: error.UNAVAILABLE}[result.code]
+        code = {BAD_INPUT: error.INVALID_ARG, BROKEN: error.INTERNAL, UNAVAILABLE: error.UNAVAILABLE,
+                CANCELLED: error.CANCELLED}[result.code]
         return pb_utils.InferenceResponse(error=error(result.message, code))
     values = {LABELS.name: result.labels, SCORES.name: result.scores, CLASS_IDS.name: result.class_ids,
               ROUTE.name: result.routes, **result.outputs}

@@ -7,6 +7,13 @@
                                          client got (INVALID_ARGUMENT, INTERNAL, UNAVAILABLE)
     bls_stage_seconds_total{stage}       seconds in decode_preprocess and classify (the flow)
     bls_executions_total                 execute() calls (mean stage latency = seconds / executions)
+    bls_dropped_images_total{why,stage,code}  images of requests dropped before they finished:
+                                         cancelled (the client went), expired (its deadline passed),
+                                         no_time (too little left for the next stage), shed (queue
+                                         delay over queue_delay_target_ms); stage: admission (before
+                                         decoding) or the child model about to be called
+    bls_queue_wait_seconds               (gauge) the instance's bound on how long the requests of its
+                                         last execute() waited in Triton's queue (runtime/admission.py)
     bls_child_calls_total{child}         child requests sent, by child model
     bls_child_images_total{child}        images in them
     bls_child_seconds_total{child}       seconds waiting for them (concurrent calls overlap)
@@ -47,6 +54,8 @@ _FAMILIES = {
     "rejected": ("bls_rejected_images_total", "Images in rejected requests, by what failed and the status code sent"),
     "seconds": ("bls_stage_seconds_total", "Seconds spent per stage"),
     "executions": ("bls_executions_total", "execute() calls of the flow model"),
+    "dropped": ("bls_dropped_images_total", "Images of requests dropped before they finished, by why (cancelled, expired, "
+                "no_time, shed), the stage where (admission or the child about to be called) and the status code sent"),
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
     "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
     "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
@@ -77,6 +86,11 @@ class FlowMetrics:
                                 description="Times bls-serve restarted tritonserver after it died on its own")
         self._restarts_metric = self._restarts.Metric(labels=self._labels)
         self._restarts_metric.set(_restarts())
+        self._wait = family(name="bls_queue_wait_seconds", kind=family.GAUGE,
+                            description="Upper bound on how long the requests of this instance's last execute() waited in "
+                                        "Triton's queue")
+        self._wait_metric = self._wait.Metric(labels=self._labels)
+        self._wait_s: float | None = None
         self._flusher = threading.Thread(target=self._flush_when_due, name="bls-metrics", daemon=True)
         self._flusher.start()
 
@@ -97,6 +111,10 @@ class FlowMetrics:
             self._add("images", n, route=route)
         for (reason, code), n in timings.rejected.items():
             self._add("rejected", n, reason=reason, code=code)
+        for (why, stage, code), n in timings.dropped.items():
+            self._add("dropped", n, why=why, stage=stage, code=code)
+        if timings.queue_wait_s is not None:
+            self._wait_s = timings.queue_wait_s
         for child, stats in timings.children.items():
             self._add("child_calls", stats.calls, child=child)
             self._add("child_images", stats.images, child=child)
@@ -128,7 +146,10 @@ class FlowMetrics:
         with self._sending:
             with self._lock:
                 pending, self._pending = self._pending, {}
+                wait, self._wait_s = self._wait_s, None
                 self._due.clear()
+            if wait is not None:
+                self._wait_metric.set(wait)
             for key, value in pending.items():
                 if key not in self._metrics:
                     family, *labels = key

@@ -81,6 +81,8 @@ class TritonTransport:
             options["preferred_memory"] = self._pb.PreferredMemory(self._pb.TRITONSERVER_MEMORY_CPU, 0)
         if req.version:
             options["model_version"] = int(req.version)
+        if req.timeout_s is not None:  # the child's queue lets it go once its requests' clients are gone
+            options["timeout"] = max(1, int(req.timeout_s * 1e6))
         if self.trace is not None:  # Triton records this call as a child of that request's trace
             options["trace"] = self.trace
         return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs, **options)

@@ -74,6 +74,9 @@ class RunContext(Protocol):
     def images(self) -> tuple[Sequence, np.ndarray]: ...
     def crops(self, spec, images: np.ndarray, boxes: np.ndarray): ...
     def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None: ...
+    def parameters(self, image_rows: np.ndarray): ...
+    def time_left(self, image_rows: np.ndarray) -> np.ndarray: ...
+    def request_ids(self, image_rows: np.ndarray) -> np.ndarray: ...
 
 
 class Batch:
@@ -82,12 +85,33 @@ class Batch:
     def __init__(self, run: RunContext, size: int | None = None):
         self._run = run
         self.size = run.rows if size is None else size
+        self._params = None
 
     def __len__(self) -> int:
         return self.size
 
     def __repr__(self) -> str:
         return f"Batch({self.size} rows)"
+
+    # ---- what each row's request carries ---------------------------------------------------
+    @property
+    def params(self):
+        """The request parameters the flow declares (a Parameters class in flow.py), per row:
+        `batch.params.NAME` is a numpy array, each row's request's value (or the default)."""
+        if self._params is None:
+            self._params = self._run.parameters(self._image_rows(np.arange(self.size)))
+        return self._params
+
+    def time_left(self) -> np.ndarray:
+        """Seconds left, now, until each row's request's deadline (inf where it gave none). The
+        runtime already drops rows whose time ran out; a flow reads this to skip an optional
+        stage for rows short of time."""
+        return self._run.time_left(self._image_rows(np.arange(self.size)))
+
+    @property
+    def request_id(self) -> np.ndarray:
+        """Each row's request id, as the client sent it ("" when it sent none)."""
+        return self._run.request_ids(self._image_rows(np.arange(self.size)))
 
     def answer(self) -> Answer:
         """An empty answer for these rows, to fill with Answer.set and Answer.skip."""

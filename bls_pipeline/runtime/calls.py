@@ -40,8 +40,11 @@ class ChildRequest:
     model: str
     inputs: dict[str, np.ndarray]  # or CUDA tensors, on a GPU device (they cross as DLPack)
     outputs: tuple[str, ...]
-    output_gpu: int | None = None  # ask for the outputs in this GPU's memory (None: wherever the child puts them)
+    output_gpu: int | None = None  # ask for the outputs in this GPU's memory (None: in host memory)
     version: str = ""  # the model version to call ("": the one Triton picks, its newest READY)
+    # The most time left among the requests it serves (None: one has no deadline): sent as the
+    # request's timeout, so a child's queue lets it go once nobody waits for it.
+    timeout_s: float | None = None
 
 
 # Sends every request (concurrently when there are several) and returns, in order, each one's
@@ -55,6 +58,7 @@ class CallTarget(Protocol):
 
     def _sendable(self, rows: np.ndarray) -> np.ndarray: ...
     def _pixels(self, child: ChildModel, rows: np.ndarray): ...
+    def _image_rows(self, rows: np.ndarray) -> np.ndarray: ...
 
 
 class Execution(Protocol):
@@ -68,6 +72,8 @@ class Execution(Protocol):
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
     def tried(self, candidates: tuple[str, ...], kind: str) -> None: ...
     def unready(self, role: str) -> None: ...
+    def keep_waiting(self, image_rows: np.ndarray, stage: str) -> np.ndarray: ...
+    def timeout_for(self, image_rows: np.ndarray) -> float | None: ...
 
 
 @dataclass
@@ -128,6 +134,11 @@ class Calls:
                     plan.canary_of = None
                     if canary is not None:  # this call answered by the candidate instead
                         plan.canary_of, plan.model, plan.version = plan.model, canary.model, canary.version
+                    # No work for a client that has gone, nor for one whose time runs out first.
+                    plan.rows = plan.rows[self._exec.keep_waiting(batch._image_rows(plan.rows), plan.model)]
+                    if len(plan.rows) == 0:
+                        results[plan.index] = self._result(batch, plan, None)
+                        continue
                     plan.chunks = self._chunks(batch, plan)
                     sending.append(plan)
                 elif self._keeps_waiting(plan):
@@ -277,7 +288,9 @@ class Calls:
         strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
         gpu = None if strings else device.gpu
         step = child.max_batch_size
-        return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu, plan.version)
+        timeout = self._exec.timeout_for(batch._image_rows(plan.rows))
+        return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu, plan.version,
+                             timeout)
                 for i in range(0, len(plan.rows), step)]
 
     def _tensor_inputs(self, batch: CallTarget, child: ChildModel, given: Mapping, rows: np.ndarray) -> dict:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
+from .admission import Admission, RequestClock
 from .answer import Answer
 from .batch import Batch
 from .calls import Send
@@ -34,6 +35,7 @@ from .execution import Execution
 from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
 from .modelconfig import data_type, parse_config
+from .parameters import ParameterError, Parameters
 from .predictions import check_filled, predictions
 from .results import BROKEN, UNAVAILABLE, ImageRequest, Prediction, RequestError, Timings
 from .routing import Router
@@ -51,7 +53,8 @@ class FlowRuntime:
                  children: dict[str, ChildModel], is_ready: Callable[..., bool], instances: int = 1,
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False):
+                 outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False,
+                 max_batch_size: int | None = None, max_queue_delay_s: float = 0.0):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -82,11 +85,17 @@ class FlowRuntime:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
         # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
         self.device: Device = device_for(device, self.pool)
+        self.clock = clock
+        # The door (admission.py): the queue-wait bound (max_batch_size None: no queue in
+        # front, as in LocalFlow), what an image costs, shedding past queue_delay_target_ms.
+        self.admission = Admission(max_batch_size, max_queue_delay_s, runtime.queue_delay_target_ms / 1e3, clock)
+        self.parameters: type[Parameters] = flow.parameters or Parameters
 
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
-             pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None) -> "FlowRuntime":
+             pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None,
+             queue: tuple[int, float] | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
         children.load_child); checked on a probe image. `device`: None to decode and score
@@ -94,7 +103,9 @@ class FlowRuntime:
         child's newest READY version by number (is_ready(model, version)), from the version
         folders beside it; a child whose folder is not there (a repository on S3, where
         Triton copies each model's folder alone) is called unpinned. outputs: the flow
-        model's outputs as served (default: its config.pbtxt's)."""
+        model's outputs as served (default: its config.pbtxt's). queue: (max_batch_size,
+        max_queue_delay seconds) of the queue Triton keeps in front of it (None: no queue,
+        as in LocalFlow)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
@@ -109,8 +120,9 @@ class FlowRuntime:
             uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
+        max_batch_size, delay = queue if queue is not None else (None, 0.0)
         return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                   keep_images=uses_regions)
+                   keep_images=uses_regions, max_batch_size=max_batch_size, max_queue_delay_s=delay)
 
     @property
     def shadow(self):
@@ -129,13 +141,39 @@ class FlowRuntime:
         """One execute(). probe: health probes (the watchdog's), answered on the stable
         models alone: no shadow mirrors them, no canary answers them."""
         timings = Timings()
+        if probe:  # the watchdog's: never shed, never counted in the queue's wait
+            clock, wait = RequestClock.start(requests, self.clock(), 0.0, self.clock), 0.0
+        else:
+            clock, wait = self.admission.open(requests)
+            timings.queue_wait_s = wait
         results: list[Prediction | RequestError | None] = [self._check_request(r, timings) for r in requests]
-        run = Execution(self, requests, results, send, timings, probe=probe)
-        if run.rows:
-            self._answer(run, requests, results, timings)
+        values = [self._read_parameters(r, res, timings) for r, res in zip(requests, results)]
+        results = [v if isinstance(v, RequestError) else res for v, res in zip(values, results)]
+        if not probe:
+            self.admission.admit(clock, results, timings, wait)
+        run = Execution(self, requests, results, send, timings, probe=probe, clock=clock,
+                        parameters=[None if isinstance(v, RequestError) else v for v in values])
+        try:
+            if run.rows:
+                self._answer(run, requests, results, timings)
+        finally:
+            if not probe:
+                self.admission.close(sum(len(req.images) for req, res in zip(requests, results) if isinstance(res, Prediction)))
         if self.shadow is not None:
             timings.trials = self.shadow.drain()
         return results, timings  # type: ignore[return-value]
+
+    def _read_parameters(self, req: ImageRequest, result, timings: Timings):
+        """The request's values of the flow's declared parameters, or the RequestError (400)
+        naming a bad or unknown one; None for a request that failed already."""
+        if result is not None:
+            return None
+        try:
+            return self.parameters.read(req.parameters, self.name)
+        except ParameterError as exc:
+            error = RequestError(str(exc), "bad_parameter")
+            timings.reject(error, max(len(req.images), 1))
+            return error
 
     def _answer(self, run: Execution, requests, results, timings: Timings) -> None:
         t0 = time.perf_counter()
@@ -151,7 +189,10 @@ class FlowRuntime:
                                       timings)
         except ChildCallError as exc:
             # Temporary (no candidate took the call in time, or one refused it for overload):
-            # UNAVAILABLE, try again. Anything else is a broken child: INTERNAL, logged.
+            # UNAVAILABLE, try again. Anything else is a broken child: INTERNAL, logged. A
+            # request whose deadline passed meanwhile (a child's queue let its call time out)
+            # fails as expired.
+            run.drop_gone(exc.model or "child")
             if not exc.temporary:
                 log.error("flow %s: %s", self.name, exc)
             error = RequestError(str(exc), exc.role or exc.model or "child", UNAVAILABLE if exc.temporary else BROKEN)

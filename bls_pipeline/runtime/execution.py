@@ -14,9 +14,11 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec
 from . import hooks
+from .admission import RequestClock, drop
 from .calls import Calls, ChildRequest, Send
 from .children import ChildModel
 from .errors import ChildCallError, FlowError
+from .parameters import RowParameters
 from .results import ChildStats, ImageRequest, RequestError, Timings
 
 __all__ = ["Execution"]
@@ -33,8 +35,12 @@ class Execution:
     """
 
     def __init__(self, runtime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings,
-                 probe: bool = False):
+                 probe: bool = False, clock: RequestClock | None = None, parameters: Sequence[dict | None] = ()):
         self._runtime, self.transport, self._timings = runtime, send, timings
+        self._requests = requests
+        self._clock = clock if clock is not None else RequestClock.start(requests, runtime.clock(), 0.0, runtime.clock)
+        self._parameters = list(parameters) or [None] * len(requests)
+        self._costs = runtime.admission.costs
         self.device = runtime.device
         self.children = runtime.children
         self.max_regions = runtime.runtime.max_regions_per_image
@@ -65,7 +71,44 @@ class Execution:
             self._decoded = decoded.images
             self._scales = decoded.scales
             timings.decode_preprocess += time.perf_counter() - t0
+            self._costs.observe("decode", time.perf_counter() - t0, len(self._encoded))
         self.rows = len(self.owners)
+
+    # ---- the requests behind the rows ----------------------------------------------------
+    def parameters(self, image_rows: np.ndarray) -> RowParameters:
+        """The flow's request parameters, per row of a batch whose rows are on these images."""
+        return RowParameters(self._runtime.parameters, self._parameters, self.owners[image_rows])
+
+    def time_left(self, image_rows: np.ndarray) -> np.ndarray:
+        """Seconds left of each row's request's deadline (inf: none)."""
+        return self._clock.time_left()[self.owners[image_rows]]
+
+    def request_ids(self, image_rows: np.ndarray) -> np.ndarray:
+        return np.array([self._requests[r].id for r in self.owners[image_rows]], dtype=object)
+
+    def keep_waiting(self, image_rows: np.ndarray, stage: str) -> np.ndarray:
+        """Before a stage (a child call on rows on these images): fail the requests whose client
+        has gone or whose deadline passed, and those whose time left cannot cover the stage;
+        the mask of the rows still wanted."""
+        owners = self.owners[image_rows]
+        if len(owners):
+            requests, counts = np.unique(owners, return_counts=True)
+            drop(self._clock, self._results, self._timings, stage, self._runtime.clock(), self._images_of,
+                 carried=dict(zip(requests.tolist(), counts.tolist())), predicted=lambda n: self._costs.predict(stage, n))
+        return np.fromiter((self._results[r] is None for r in owners), dtype=bool, count=len(owners))
+
+    def drop_gone(self, stage: str) -> None:
+        """Fail the pending requests whose client has gone or whose deadline passed."""
+        drop(self._clock, self._results, self._timings, stage, self._runtime.clock(), self._images_of)
+
+    def timeout_for(self, image_rows: np.ndarray) -> float | None:
+        """What a child call on these rows may take at most: the most time left among their
+        requests (None: one has no deadline)."""
+        left = self.time_left(image_rows)
+        return None if len(left) == 0 or not np.isfinite(left).all() else max(float(left.max()), 1e-6)
+
+    def _images_of(self, r: int) -> int:
+        return max(1, len(self._requests[r].images))
 
     # ---- the calls ---------------------------------------------------------------------------
     def together(self, batch, calls) -> list:
@@ -165,9 +208,14 @@ class Execution:
         elapsed = time.perf_counter() - t0
         if len(replies) != len(requests):
             raise ChildCallError(f"the transport answered {len(replies)} of {len(requests)} child requests")
+        sent: dict[str, int] = {}
         for req in requests:
             stats = self._timings.children.setdefault(req.model, ChildStats())
+            images = len(next(iter(req.inputs.values()))) if req.inputs else 0
             stats.calls += 1
-            stats.images += len(next(iter(req.inputs.values()))) if req.inputs else 0
+            stats.images += images
             stats.seconds += elapsed
+            sent[req.model] = sent.get(req.model, 0) + images
+        for model, images in sent.items():  # sent together: each is charged the whole wait
+            self._costs.observe(model, elapsed, images)
         return replies

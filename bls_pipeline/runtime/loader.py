@@ -2,7 +2,8 @@
 
 The settings class is the annotation of the flow's second parameter (a `Settings`
 subclass), else a module-level class named `Settings`; a flow without settings declares
-no models and reads only the runtime's keys.
+no models and reads only the runtime's keys. Its request parameters are the one
+`Parameters` subclass the module defines, if any.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .modelconfig import parse_config, string_parameters
+from .parameters import Parameters
 from .settings import ConfigError, Settings, parse_settings
 
 __all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
@@ -29,6 +31,7 @@ class FlowDefinition:
     fn: Callable
     settings: type[Settings] | None
     path: Path
+    parameters: type[Parameters] | None = None  # the request parameters it declares (parameters.py)
 
 
 def _import(path: Path):
@@ -61,7 +64,12 @@ def load_flow(path: Path) -> FlowDefinition:
     settings = hint if isinstance(hint, type) and issubclass(hint, Settings) else getattr(module, "Settings", None)
     if settings is not None and not (isinstance(settings, type) and issubclass(settings, Settings) and settings is not Settings):
         settings = None
-    return FlowDefinition(fn, settings, path)
+    declared = [v for v in vars(module).values()
+                if isinstance(v, type) and issubclass(v, Parameters) and v is not Parameters and v.__module__ == module.__name__]
+    if len(declared) > 1:
+        raise ConfigError(f"{path} declares {len(declared)} Parameters classes ({', '.join(c.__name__ for c in declared)}); "
+                          "declare a flow's request parameters in one")
+    return FlowDefinition(fn, settings, path, declared[0] if declared else None)
 
 
 def is_flow_model(model_dir: Path, version: str = "1") -> bool:

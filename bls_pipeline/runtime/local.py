@@ -10,6 +10,10 @@ against its config.pbtxt when the LocalFlow is made), else it is not READY.
     flow = LocalFlow("models/classify_bls", models={"resnet50_onnx": my_fake_resnet})
     prediction = flow.classify([jpeg_bytes])
     assert prediction.routes[0, 0] == b"resnet50_onnx:direct"
+    flow.classify([jpeg_bytes], parameters={"skip_cascade": True}, timeout_s=0.5)  # what a client may send
+
+`run([ImageRequest(images, topk, parameters=..., timeout_s=..., cancelled=...)])` sends
+several at once; `cancelled` (a function) says when a request's client has gone.
 """
 
 from __future__ import annotations
@@ -93,9 +97,13 @@ class LocalFlow:
         """Every request through the flow at once, as one execute() would."""
         return self.runtime.run(requests, self._send)
 
-    def classify(self, images: Sequence[bytes], topk: int | None = None) -> Prediction:
-        """One request; its Prediction, or RequestFailed with what the client would read."""
-        (result,), _ = self.run([ImageRequest(list(images), topk)])
+    def classify(self, images: Sequence[bytes], topk: int | None = None, *, parameters: Mapping[str, object] | None = None,
+                 timeout_s: float | None = None, request_id: str = "") -> Prediction:
+        """One request; its Prediction, or RequestFailed with what the client would read.
+        parameters: the request's own (the flow's Parameters, as a client sends them);
+        timeout_s: its deadline, seconds from now (Triton's `timeout` request parameter)."""
+        request = ImageRequest(list(images), topk, id=request_id, parameters=dict(parameters or {}), timeout_s=timeout_s)
+        (result,), _ = self.run([request])
         if isinstance(result, RequestError):
             raise RequestFailed(result) from result.cause
         return result

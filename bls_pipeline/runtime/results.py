@@ -4,23 +4,35 @@ and what one execute() did (for the metrics)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["BAD_INPUT", "BROKEN", "ChildStats", "ImageRequest", "Prediction", "RequestError", "Timings", "UNAVAILABLE"]
+__all__ = ["BAD_INPUT", "BROKEN", "CANCELLED", "ChildStats", "ImageRequest", "Prediction", "RequestError", "Timings",
+           "UNAVAILABLE"]
 
 # What a failed request's client is told, as gRPC status names (HTTP 400, 500, 503). Only
-# UNAVAILABLE is worth sending again: the other two fail the same way every time.
+# UNAVAILABLE is worth sending again: the other two fail the same way every time. CANCELLED
+# answers a request whose client cancelled it (a gRPC deadline passing cancels it too): no
+# client reads it.
 BAD_INPUT = "INVALID_ARGUMENT"  # the request itself: an undecodable image, a bad TOPK, too many regions
 BROKEN = "INTERNAL"  # a part of the deployment: a child breaking its contract, a flow that raised
-UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, the server draining
-CODES = (BAD_INPUT, BROKEN, UNAVAILABLE)
+UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, the server draining or shedding
+CANCELLED = "CANCELLED"  # the client went away
+CODES = (BAD_INPUT, BROKEN, UNAVAILABLE, CANCELLED)
 
 
 @dataclass(frozen=True)
 class ImageRequest:
-    """One client request: its encoded images and its optional TOPK."""
+    """One client request: its encoded images, its optional TOPK, and what else it carries.
+
+    id: the request id the client sent ("" when none).
+    parameters: its request parameters as sent (KServe v2 `parameters`), by name; the flow's
+        declared Parameters are read from them, Triton's own pass by.
+    timeout_s: the client's deadline, seconds from when it sent the request (Triton's
+        `timeout` request parameter), or None: it gave none.
+    cancelled: asks whether the client has gone (a cancelled gRPC call); None: it cannot tell.
+    """
 
     images: Sequence[bytes]
     # TOPK as sent: one value per image (a batched input), all equal; or None for the default
@@ -28,6 +40,10 @@ class ImageRequest:
     # The outputs the client asked for; None: every one (LocalFlow). An output no request of
     # the run asks for is not built (the JSON documents).
     outputs: frozenset[str] | None = None
+    id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def k(self) -> int | None:
@@ -79,6 +95,11 @@ class Timings:
     classify: float = 0.0  # the flow: its child calls and its own logic
     routes: dict[str, int] = field(default_factory=dict)
     rejected: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> images
+    # Images of requests dropped before they finished, (why, stage, code) -> images: why is
+    # cancelled, expired, no_time or shed (admission.py), stage where it happened (admission,
+    # decode, a child model's name).
+    dropped: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    queue_wait_s: float | None = None  # the longest a request of this run may have waited in the queue (admission.py)
     children: dict[str, ChildStats] = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
 

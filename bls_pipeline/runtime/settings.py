@@ -59,6 +59,10 @@ class RuntimeSettings:
     # Children this flow runs in its own process (CPU engine models beside it; in_process.py):
     # no BLS hop to them, Triton's own statistics and traces of them see none of these calls.
     run_in_process: tuple[str, ...] = ()
+    # Shedding for clients that give no deadline (admission.py): once requests have waited in
+    # the queue longer than this, each execute() answers the newest it can finish in a fifth
+    # of it and refuses the rest at once (503), until the queue drains. 0: off.
+    queue_delay_target_ms: float = 0.0
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -145,6 +149,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
         log_executions=get("log_executions", _as_bool, d.log_executions),
         run_in_process=get("run_in_process", _model_names, d.run_in_process),
+        queue_delay_target_ms=get("queue_delay_target_ms", lambda k, v: _as_float(k, v, 0.0, 600_000.0), d.queue_delay_target_ms),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),

@@ -1,0 +1,224 @@
+"""Work only for clients still waiting: deadlines, cancellation and shedding.
+
+What the runtime knows of a request's time (Triton 2.51's python backend tells no arrival time):
+
+- its deadline: the client's `timeout` request parameter, counted from when the request may
+  have arrived at the latest guess: the flow instance's own upper bound on the queue wait
+  (QueueWait below), so a deadline is never thought later than it is;
+- whether its client has gone: `request.is_cancelled()` (a gRPC call cancelled, or its
+  deadline passed), asked at each stage (each ask is a round trip to the server, ~30 µs;
+  two stages within CANCEL_CHECK_S ask once).
+
+Before decoding and before each child call (in-process children too), the rows of requests
+that were cancelled or whose deadline passed are dropped, and a row whose time left cannot
+cover the next stage, as measured (Costs), is refused at once: 503 / UNAVAILABLE, saying why.
+A call is not grown past what its rows' deadlines allow: the rows with the least time left
+are refused until the call's predicted time fits the rest.
+
+For clients that give no deadline, a queue-delay target per flow (`queue_delay_target_ms`):
+once the queue wait bound passes it, the instance sheds (Admission): each execute() answers
+only as many of its requests, the newest first, as it can finish in a fifth of the target,
+and refuses the rest at once; it stops shedding once an execute() gets no more than that
+(the queue drained). The queue stays short, so refusals come back fast, and what is
+answered waited less than the target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
+
+__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueWait", "RequestClock"]
+
+CANCEL_CHECK_S = 0.001  # a request's client is asked about again only after this long (each ask ~30 µs)
+IDLE_GAP_S = 0.010  # an instance free for longer than this between two execute()s was idle (handoffs take less)
+SHED_SHARE = 0.2  # while shedding, an execute() takes on what it can finish in this share of the target
+_EWMA = 0.2  # weight of a new measurement
+
+
+class Costs:
+    """Measured seconds per image of each stage (decode, each child, a whole execute()), as
+    moving averages: what the next batch of n images is predicted to take."""
+
+    def __init__(self):
+        self._per_image: dict[str, float] = {}
+
+    def observe(self, stage: str, seconds: float, images: int) -> None:
+        if images <= 0 or seconds < 0:
+            return
+        value = seconds / images
+        old = self._per_image.get(stage)
+        self._per_image[stage] = value if old is None else old + _EWMA * (value - old)
+
+    def predict(self, stage: str, images: int) -> float:
+        """Seconds for `images` images at `stage`; 0 until the stage was measured once."""
+        return self._per_image.get(stage, 0.0) * images
+
+    def per_image(self, stage: str) -> float | None:
+        return self._per_image.get(stage)
+
+
+class QueueWait:
+    """An upper bound on how long the requests of an execute() waited in Triton's queue, from
+    this instance's own executes: right after an execute() that got fewer requests than
+    max_batch_size, the queue was empty (the batcher took them all), so every later request
+    came after it; and an instance that sat idle since its last execute() takes a request as
+    soon as the batcher lets go of it (at most max_queue_delay after it came). None for
+    max_batch_size: no queue in front (LocalFlow), no wait."""
+
+    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0):
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self._drained_at: float | None = None  # start of the last execute() that emptied the queue
+        self._last_end: float | None = None
+
+    def started(self, now: float, requests: int) -> float:
+        if self.max_batch_size is None:
+            return 0.0
+        bounds = []
+        if self._drained_at is not None:
+            bounds.append(now - self._drained_at)
+        if self._last_end is not None and now - self._last_end > IDLE_GAP_S:
+            bounds.append(self.max_queue_delay_s + IDLE_GAP_S)
+        wait = max(0.0, min(bounds)) if bounds else 0.0
+        if self.max_batch_size <= 0 or requests < self.max_batch_size:
+            self._drained_at = now
+        return wait
+
+    def finished(self, now: float) -> None:
+        self._last_end = now
+
+
+@dataclass
+class RequestClock:
+    """One execute()'s requests: each one's deadline (on the runtime's clock; inf: none), when
+    its client was last asked whether it has gone, and the requests already failed."""
+
+    requests: Sequence[ImageRequest]
+    deadlines: np.ndarray
+    clock: Callable[[], float]
+    checked: np.ndarray = field(init=False)
+
+    @classmethod
+    def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float]) -> "RequestClock":
+        deadlines = np.array([now - wait + r.timeout_s if r.timeout_s is not None else math.inf for r in requests],
+                             dtype=np.float64)
+        made = cls(requests, deadlines, clock)
+        made.checked = np.full(len(requests), -math.inf)  # never asked yet
+        return made
+
+    def time_left(self, now: float | None = None) -> np.ndarray:
+        """Seconds left per request (inf: no deadline)."""
+        return self.deadlines - (self.clock() if now is None else now)
+
+    def cancelled(self, r: int, now: float) -> bool:
+        """Whether request r's client has gone, asking it no more than every CANCEL_CHECK_S."""
+        probe = self.requests[r].cancelled
+        if probe is None or now - self.checked[r] < CANCEL_CHECK_S:
+            return False
+        self.checked[r] = now
+        try:
+            return bool(probe())
+        except Exception:  # noqa: BLE001 - a probe that fails says nothing about the client
+            return False
+
+
+def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: float, images: Callable[[int], int],
+         carried: dict[int, int] | None = None, predicted: Callable[[int], float] | None = None) -> None:
+    """Fail the pending requests whose client has gone or whose deadline has passed; then, of
+    those `stage` carries (request -> its rows there; None: every pending one, with all its
+    images), the ones whose time left cannot cover the stage (predicted(n): its seconds for n
+    rows), least time left first, until the rest fit. images(r): request r's images, counted."""
+    left = clock.time_left(now)
+    alive = []
+    for r in range(len(results)):
+        if results[r] is not None:
+            continue
+        if clock.cancelled(r, now):
+            _fail(results, timings, r, images(r), stage, "cancelled", CANCELLED,
+                  "the client cancelled the request (or its gRPC deadline passed)")
+        elif left[r] <= 0:
+            _fail(results, timings, r, images(r), stage, "expired", UNAVAILABLE,
+                  f"its deadline (the timeout parameter, {clock.requests[r].timeout_s * 1e3:.0f} ms) passed before {stage}")
+        elif carried is None or r in carried:
+            alive.append(r)
+    if predicted is None or not alive:
+        return
+    rows = (lambda r: images(r)) if carried is None else carried.__getitem__
+    # Most time left first; a call carrying the first k of them must end when the k-th has to.
+    order = sorted(alive, key=lambda r: -left[r])
+    counts = np.cumsum([rows(r) for r in order])
+    keep = 0
+    while keep < len(order) and predicted(int(counts[keep])) <= left[order[keep]]:
+        keep += 1
+    for r in order[keep:]:
+        need = predicted(int(counts[keep]))
+        _fail(results, timings, r, images(r), stage, "no_time", UNAVAILABLE,
+              f"refused: {max(left[r], 0) * 1e3:.0f} ms left of its deadline, and {stage} takes about {need * 1e3:.0f} ms "
+              "now; send it again with a longer timeout, or later")
+
+
+def _fail(results: list, timings: Timings, r: int, images: int, stage: str, why: str, code: str, message: str) -> None:
+    results[r] = RequestError(message, why, code)
+    timings.reject(results[r], images)
+    timings.count(timings.dropped, (why, stage, code), images)
+
+
+class Admission:
+    """One flow instance's door: its queue-wait bound, what an image costs it, and whether it
+    is shedding (a queue-delay target passed)."""
+
+    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float, target_s: float, clock: Callable[[], float]):
+        self.wait = QueueWait(max_batch_size, max_queue_delay_s)
+        self.target_s = target_s
+        self.clock = clock
+        self.costs = Costs()
+        self.shedding = False
+        self._started: float | None = None
+
+    def open(self, requests: Sequence[ImageRequest]) -> tuple[RequestClock, float]:
+        """An execute() begins: its requests' clock and the queue-wait bound."""
+        now = self.clock()
+        self._started = now
+        wait = self.wait.started(now, len(requests))
+        return RequestClock.start(requests, now, wait, self.clock), wait
+
+    def admit(self, clock: RequestClock, results: list, timings: Timings, wait: float) -> None:
+        """At the door, before decoding: drop the gone and the expired, refuse what cannot
+        finish in time, and while shedding keep only what fits in the shedding budget."""
+        now = clock.clock()
+        images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
+        drop(clock, results, timings, "admission", now, images,
+             predicted=lambda n: self.costs.predict("execute", n))
+        if self.target_s <= 0:
+            return
+        pending = [r for r in range(len(results)) if results[r] is None]
+        per_image = self.costs.per_image("execute")
+        budget = max(1, int(self.target_s * SHED_SHARE / per_image)) if per_image else len(pending)
+        total = sum(images(r) for r in pending)
+        if not self.shedding and wait > self.target_s:
+            self.shedding = True
+        elif self.shedding and total <= budget:
+            self.shedding = False  # the queue drained
+        if not self.shedding:
+            return
+        taken = 0
+        for r in reversed(pending):  # Triton hands them over oldest first: the newest have waited least
+            if taken + images(r) <= budget or taken == 0:
+                taken += images(r)
+                continue
+            _fail(results, timings, r, images(r), "admission", "shed", UNAVAILABLE,
+                  f"overloaded: requests waited up to {wait * 1e3:.0f} ms in the queue, over this flow's "
+                  f"queue_delay_target_ms={self.target_s * 1e3:g}; refused at once: try again later")
+
+    def close(self, images: int) -> None:
+        """The execute() is over: what its admitted images cost, and when it ended."""
+        now = self.clock()
+        if self._started is not None and images:
+            self.costs.observe("execute", now - self._started, images)
+        self.wait.finished(now)
