@@ -5,6 +5,7 @@
                                                                  ROUTE <main>:escalated
                                   (no main model READY: the cheap answer stands)
                                                                  ROUTE <cheap>:degraded
+    a request with skip_cascade: its images join that call       ROUTE <main>:direct
     no cheap model READY, or cascade_classifiers "none":
     main model on every image ─> top-1 >= tta_threshold          ROUTE <main>:direct
                              └─> the unsure ones mirrored, ONE call, probabilities averaged
@@ -13,7 +14,7 @@
 
 from typing import Optional
 
-from bls_pipeline.flow import Answer, Batch, Candidates, NoModelReady, Probability, Settings
+from bls_pipeline.flow import Answer, Batch, Candidates, NoModelReady, Parameters, Probability, Settings
 
 
 class ClassifySettings(Settings):
@@ -23,16 +24,25 @@ class ClassifySettings(Settings):
     tta_threshold: Probability = 0.25  # main path: top-1 under this adds a mirrored pass; 0: off
 
 
+class ClassifyParameters(Parameters):
+    skip_cascade: bool = False  # this request's images go straight to the main classifier
+
+
 def flow(batch: Batch, settings: ClassifySettings) -> Answer:
     answer = batch.answer()
-    cheap = batch.classify(settings.cascade_classifiers)
+    skip = batch.params.skip_cascade
+    cheap = batch.classify(settings.cascade_classifiers, rows=~skip)
     if cheap is not None:
         answer.set(cheap, "confident")
         unsure = cheap.top1 < settings.cascade_threshold
-        main = batch.classify(settings.classifiers, rows=unsure)
+        main = batch.classify(settings.classifiers, rows=unsure | skip)
         if main is None:
+            fallback = batch.classify(settings.cascade_classifiers, rows=skip) if skip.any() else None
+            if fallback is not None:  # they asked for the main model, which is not READY: the cheap one answers
+                answer.set(fallback, "degraded")
             return answer.set(cheap[unsure], "degraded")
-        return answer.set(main, "escalated")
+        answer.set(main[unsure], "escalated")
+        return answer.set(main[skip], "direct")
 
     main = batch.classify(settings.classifiers)
     if main is None:
