@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +64,12 @@ TEXT_LINES = (2, 3, 4, 5, 6, 8)
 # classify_bls (as the bench serves it) with a 100% shadow of its classifier on a twin of it
 # (resnet50_onnx's files under another name): what mirroring every call costs.
 SHADOW_TARGET, SHADOW_TWIN = "classify_bls_shadow", f"{CLASSIFIER}_twin"
+# classify_bls as the repository configures it (the main job's: the cascade on efficientnet
+# in process, resnet50 for the unsure), beside the bench's plain classify_bls.
+DEFAULT_TARGET = "classify_bls_default"
+# The overload mode's targets: classify_bls as shipped, the seed ensemble, the one-model peer
+# on classify_bls's default engine.
+OVERLOAD_TARGETS = (DEFAULT_TARGET, "ensemble_resnet50", "classify_peer@efficientnet_lite0_onnx")
 
 
 @dataclass
@@ -486,6 +493,11 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         (dst / HANDWRITTEN / "1").mkdir(parents=True)
         shutil.copy(BENCH_FLOWS / HANDWRITTEN / "model.py", dst / HANDWRITTEN / "1" / "model.py")
         shutil.copy(BENCH_FLOWS / HANDWRITTEN / "config.pbtxt", dst / HANDWRITTEN / "config.pbtxt")
+    if (dst / DEFAULT_TARGET).exists():
+        shutil.rmtree(dst / DEFAULT_TARGET)
+    (dst / DEFAULT_TARGET).mkdir()
+    (dst / DEFAULT_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
+    (dst / DEFAULT_TARGET / "config.pbtxt").write_text(config_variant(bls, DEFAULT_TARGET, {}))
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
     plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER, **({} if keep_branches else {"tta_threshold": "0"})}
@@ -520,7 +532,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
     p.add_argument("--shadow-share", type=float, default=1.0, help=f"the {SHADOW_TARGET} target's shadow_share")
     p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results")
+    over = p.add_argument_group("overload mode (--overload): capacity, then a spike of clients with deadlines, then recovery "
+                                "(bls_pipeline/tools/overload.py); --concurrency, --duration and --rounds do not apply")
+    over.add_argument("--overload", action="store_true", help=f"measure goodput past capacity; default targets: {','.join(OVERLOAD_TARGETS)}")
+    over.add_argument("--protocols", default="grpc,http", help="overload: the protocols to measure, in turn")
+    over.add_argument("--deadline", type=float, default=0.5, help="overload: each spike client's deadline, seconds")
+    over.add_argument("--factor", type=float, default=4.0, help="overload: clients = factor x capacity x deadline")
+    over.add_argument("--capacity-clients", type=int, default=8, help="overload: closed-loop clients for capacity and recovery")
+    over.add_argument("--capacity-duration", type=float, default=10.0, help="overload: seconds measured for capacity")
+    over.add_argument("--spike", type=float, default=30.0, help="overload: seconds of the spike")
+    over.add_argument("--recovery", type=float, default=10.0, help="overload: seconds watched after the spike")
+    over.add_argument("--no-timeout-parameter", action="store_true",
+                      help="overload: clients do not send Triton's timeout parameter (only their own deadline)")
     args = p.parse_args(argv)
+    if args.overload and "--targets" not in " ".join(argv or sys.argv[1:]):
+        args.targets = ",".join(OVERLOAD_TARGETS)
     concurrency = [int(c) for c in args.concurrency.split(",")]
     targets = [t for t in args.targets.split(",") if t]
     if args.model_repository is None or args.images is None:
@@ -529,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
     peers = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == PEER}))
     in_process = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == IN_PROCESS}))
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET}
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET, DEFAULT_TARGET}
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
@@ -563,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
         if server is not None:
             server.start()
+        if args.overload:
+            return _overload(args, targets, images, server, flows)
         url = args.url or server.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.
@@ -591,6 +619,33 @@ def main(argv: list[str] | None = None) -> int:
     plot(points, args.out / "bench.png")
     print(table)
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
+    return 0
+
+
+def _overload(args, targets: list[str], images: list[bytes], server, flows: list[str]) -> int:
+    """--overload: each target over each protocol in turn, one server (bls_pipeline/tools/overload.py)."""
+    from . import overload
+
+    results = []
+    meta = {**_machine(), "deadline_s": args.deadline, "factor": args.factor, "capacity_clients": args.capacity_clients,
+            "capacity_s": args.capacity_duration, "spike_s": args.spike, "recovery_s": args.recovery}
+    protocols = [p for p in args.protocols.split(",") if p]
+    grid = [(t, proto) for proto in protocols for t in targets]
+    for target, protocol in tqdm(grid, desc="overload", unit="target"):
+        url = args.url or server.url(protocol)
+        model = _model(target)
+        is_flow = model in flows or model.startswith(("classify_bls", "classify_bls_in_process"))
+        results.append(overload.run_target(
+            url, protocol, target, model, images, output=LABELS.name, is_flow=is_flow,
+            metrics_url=server.metrics_url if server is not None else None, deadline_s=args.deadline, factor=args.factor,
+            capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
+            recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=not args.no_timeout_parameter))
+        args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
+        (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+    table = overload.markdown(results, meta)
+    (args.out / "overload.md").write_text(table)
+    print(table)
+    print(f"wrote {args.out}/overload.json, overload.md")
     return 0
 
 
