@@ -1,0 +1,280 @@
+"""What a request carries reaches the flow (its parameters, its deadline, whether its client
+went), and no work is done for a client that has gone: LocalFlow runs of the shipped
+classify_bls and of flows written here, and the door's arithmetic (runtime/admission.py)."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bls_pipeline.flow import LocalFlow, RequestFailed
+from bls_pipeline.runtime.admission import Admission, Costs, QueueWait
+from bls_pipeline.runtime.calls import ChildRequest
+from bls_pipeline.runtime.parameters import Parameters
+from bls_pipeline.runtime.results import CANCELLED, UNAVAILABLE, ImageRequest, Prediction, RequestError
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+CASCADE = {"cascade_classifiers": "efficientnet_lite0_onnx", "classifiers": "resnet50_onnx", "run_in_process": "none",
+           "tta_threshold": "0"}
+
+
+def photo(colour=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), colour).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def classifier(klass: int, sure: float = 20.0, sleep_s: float = 0.0, log: list | None = None, name: str = ""):
+    """A fake classifier: every row is class `klass` (logit `sure`), after `sleep_s`."""
+
+    def fn(batch: np.ndarray) -> np.ndarray:
+        if log is not None:
+            log.append((name, len(batch)))
+        time.sleep(sleep_s)
+        out = np.zeros((len(batch), 1000), np.float32)
+        out[:, klass] = sure
+        return out
+
+    return fn
+
+
+def cascade(cheap_sure: float = 20.0, cheap_sleep: float = 0.0, log: list | None = None, **extra) -> LocalFlow:
+    models = {"efficientnet_lite0_onnx": classifier(504, cheap_sure, cheap_sleep, log, "cheap"),
+              "resnet50_onnx": classifier(967, log=log, name="main")}
+    return LocalFlow(MODELS / "classify_bls", models, parameters={**CASCADE, **extra})
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+def test_a_client_can_send_its_images_straight_to_the_main_classifier():
+    log: list = []
+    with cascade(log=log) as flow:
+        (plain, skipped), _ = flow.run([ImageRequest([photo()]), ImageRequest([photo(), photo()], parameters={"skip_cascade": True})])
+    assert plain.routes[:, 0].tolist() == [b"efficientnet_lite0_onnx:confident"]
+    assert skipped.routes[:, 0].tolist() == [b"resnet50_onnx:direct"] * 2
+    assert log == [("cheap", 1), ("main", 2)]  # only the plain request's image met the cheap model
+    with cascade() as flow:  # as a string too (tools that send every parameter as one)
+        assert flow.classify([photo()], parameters={"skip_cascade": "true"}).routes[0, 0] == b"resnet50_onnx:direct"
+
+
+def test_with_the_main_classifier_gone_a_skipped_request_is_answered_degraded_and_says_so():
+    models = {"efficientnet_lite0_onnx": classifier(504)}
+    with LocalFlow(MODELS / "classify_bls", models, parameters=CASCADE, ready={"efficientnet_lite0_onnx"}) as flow:
+        got = flow.classify([photo()], parameters={"skip_cascade": True})
+    assert got.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
+
+
+@pytest.mark.parametrize(("sent", "says"), [
+    ({"skip_cascade": "maybe"}, "request parameter skip_cascade='maybe': send true or false"),
+    ({"skip_cascade": 1}, "request parameter skip_cascade=1: send true or false"),
+    ({"skipcascade": True}, "unknown request parameter 'skipcascade': classify_bls accepts skip_cascade (bool, default False)"),
+])
+def test_a_bad_or_unknown_parameter_fails_that_request_alone(sent, says):
+    with cascade() as flow:
+        (bad, good), _ = flow.run([ImageRequest([photo()], parameters=sent), ImageRequest([photo()])])
+    assert isinstance(bad, RequestError) and bad.code == "INVALID_ARGUMENT" and bad.reason == "bad_parameter"
+    assert says in bad.message
+    assert isinstance(good, Prediction)
+
+
+def test_tritons_own_parameters_and_the_probe_pass_by():
+    with cascade() as flow:
+        assert flow.classify([photo()], parameters={"timeout": 5, "priority": 1, "bls_probe": True}).routes.shape == (1, 1)
+
+
+def test_parameters_are_declared_typed_and_read_per_row(tmp_path):
+    class P(Parameters):
+        threshold: float = 0.5
+        label: str = "x"
+
+    assert P.read({"threshold": "0.25"}, "f") == {"threshold": 0.25, "label": "x"}
+    with pytest.raises(ValueError, match="send a finite number"):
+        P.read({"threshold": "nan"}, "f")
+    with pytest.raises(TypeError, match="Triton's own"):
+        type("Bad", (Parameters,), {"__annotations__": {"timeout": int}, "timeout": 1})
+    with pytest.raises(TypeError, match="needs a default"):
+        type("Bad", (Parameters,), {"__annotations__": {"n": int}})
+
+
+FLOW_CONFIG = """\
+name: "rows"
+backend: "python"
+max_batch_size: 64
+input [ { name: "IMAGE", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] }, { name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] } ]
+"""
+ROW_FLOW = '''
+import numpy as np
+from bls_pipeline.flow import Answer, Batch, Candidates, Parameters, Probability, Settings
+
+SEEN = []
+
+class S(Settings):
+    main: Candidates = "resnet50_onnx"
+
+class Wanted(Parameters):
+    strict: Probability = 0.5
+    tag: str = ""
+
+def flow(batch: Batch, settings: S) -> Answer:
+    SEEN.append((batch.params.strict.tolist(), batch.params.tag.tolist(), batch.request_id.tolist(),
+                 np.isfinite(batch.time_left()).tolist()))
+    answer = batch.answer()
+    return answer.set(batch.classify(settings.main), "main")
+'''
+
+
+def test_a_flow_reads_parameters_ids_and_time_left_per_row(tmp_path):
+    repo = tmp_path / "models"
+    (repo / "rows" / "1").mkdir(parents=True)
+    (repo / "rows" / "config.pbtxt").write_text(FLOW_CONFIG)
+    (repo / "rows" / "1" / "flow.py").write_text(ROW_FLOW)
+    import shutil
+
+    shutil.copytree(MODELS / "resnet50_onnx", repo / "resnet50_onnx", symlinks=False,
+                    ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
+    with LocalFlow(repo / "rows", {"resnet50_onnx": classifier(1)}, check=False) as flow:
+        flow.run([ImageRequest([photo(), photo()], id="a", parameters={"strict": 0.9}, timeout_s=30),
+                  ImageRequest([photo()], id="b", parameters={"tag": "t"})])
+        seen = flow.runtime.flow.fn.__globals__["SEEN"]
+    assert seen[-1] == ([0.9, 0.9, 0.5], ["", "", "t"], ["a", "a", "b"], [True, True, False])
+
+
+# ---- deadlines and cancellation -------------------------------------------------------------------
+def test_a_request_whose_deadline_passes_is_dropped_before_the_next_call():
+    log: list = []
+    # The cheap model takes 0.15 s and is unsure: both images would go on to the main model.
+    with cascade(cheap_sure=0.0, cheap_sleep=0.15, log=log) as flow:
+        (late, patient), timings = flow.run([ImageRequest([photo()], timeout_s=0.1), ImageRequest([photo()])])
+    assert isinstance(late, RequestError) and late.code == UNAVAILABLE and late.reason == "expired"
+    assert "deadline" in late.message and "before resnet50_onnx" in late.message
+    assert isinstance(patient, Prediction) and patient.routes[0, 0] == b"resnet50_onnx:escalated"
+    assert log == [("cheap", 2), ("main", 1)]  # the late one never reached the main model
+    assert timings.dropped == {("expired", "resnet50_onnx", UNAVAILABLE): 1}
+
+
+def test_a_cancelled_request_does_no_work_and_one_cancelled_midway_stops_there():
+    log: list = []
+    state = {"gone": False}
+
+    def cheap(batch):  # the client of the second request goes while the cheap model runs
+        state["gone"] = True
+        return classifier(504, 0.0, sleep_s=0.01, log=log, name="cheap")(batch)
+
+    models = {"efficientnet_lite0_onnx": cheap, "resnet50_onnx": classifier(967, log=log, name="main")}
+    with LocalFlow(MODELS / "classify_bls", models, parameters=CASCADE) as flow:
+        requests = [ImageRequest([photo()], cancelled=lambda: True), ImageRequest([photo()], cancelled=lambda: state["gone"]),
+                    ImageRequest([photo()])]
+        gone_before, gone_midway, answered = flow.run(requests)[0]
+    assert gone_before.code == gone_midway.code == CANCELLED and gone_before.reason == "cancelled"
+    assert isinstance(answered, Prediction)
+    assert log == [("cheap", 2), ("main", 1)]
+
+
+def test_a_request_that_cannot_finish_in_time_is_refused_before_the_call_that_would_overrun():
+    with cascade(cheap_sure=0.0, cheap_sleep=0.05) as flow:
+        flow.run([ImageRequest([photo()])])  # measured once: the main model's time per image
+        flow.runtime.admission.costs.observe("resnet50_onnx", 10.0, 1)  # ... now about 2 s an image (a moving average)
+        (short, none), _ = flow.run([ImageRequest([photo()], timeout_s=0.5), ImageRequest([photo()])])
+    assert isinstance(short, RequestError) and short.reason == "no_time" and short.code == UNAVAILABLE
+    assert "ms left of its deadline" in short.message and "resnet50_onnx takes about" in short.message
+    assert isinstance(none, Prediction)
+
+
+def test_child_calls_carry_the_time_their_requests_have_left():
+    sent: list[ChildRequest] = []
+    with cascade(cheap_sure=0.0) as flow:
+        send = flow._send
+
+        def recording(requests):
+            sent.extend(requests)
+            return send(requests)
+
+        flow.runtime.run([ImageRequest([photo()], timeout_s=20), ImageRequest([photo()], timeout_s=30)], recording)
+        flow.runtime.run([ImageRequest([photo()], timeout_s=20), ImageRequest([photo()])], recording)
+    assert 29 < sent[0].timeout_s <= 30 and 29 < sent[1].timeout_s <= 30  # the most time left among them
+    assert sent[2].timeout_s is None  # a request without a deadline: the call has none
+
+
+def test_local_flow_takes_a_deadline():
+    with cascade(cheap_sure=0.0, cheap_sleep=0.1) as flow:
+        with pytest.raises(RequestFailed, match="deadline"):
+            flow.classify([photo()], timeout_s=0.05)
+        assert flow.classify([photo()], timeout_s=10).routes[0, 0] == b"resnet50_onnx:escalated"
+
+
+# ---- the door: queue wait, costs, shedding ------------------------------------------------------------
+def test_the_queue_wait_bound():
+    wait = QueueWait(max_batch_size=4, max_queue_delay_s=0.0)
+    assert wait.started(10.0, 2) == 0.0  # the first: nothing known, the queue emptied now
+    wait.finished(10.5)
+    assert wait.started(10.502, 4) == pytest.approx(0.502)  # busy since: came after 10.0 at the earliest
+    wait.finished(11.0)
+    # a full batch: the queue may not have emptied; the bound stays on 10.0
+    assert wait.started(11.001, 1) == pytest.approx(1.001)
+    wait.finished(11.2)
+    assert wait.started(12.0, 1) == pytest.approx(0.010)  # idle since 11.2: taken as soon as it came
+    assert QueueWait(None).started(99.0, 64) == 0.0  # no queue in front (LocalFlow)
+
+
+def test_costs_predict_from_what_was_measured():
+    costs = Costs()
+    assert costs.predict("m", 10) == 0.0
+    costs.observe("m", 0.5, 5)
+    assert costs.predict("m", 10) == pytest.approx(1.0)
+    costs.observe("m", 1.0, 5)  # 0.2 s an image now: the average moves a fifth of the way
+    assert costs.per_image("m") == pytest.approx(0.12)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_past_the_queue_delay_target_it_sheds_the_oldest_until_the_queue_drains():
+    clock = FakeClock()
+    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.25, clock=clock)
+    door.costs.observe("execute", 0.1, 10)  # 10 ms an image: the shedding budget (50 ms) is 5 images
+    requests = [ImageRequest([photo()]) for _ in range(20)]
+
+    def execute(n, waited_since):
+        door.wait._drained_at, door.wait._last_end = waited_since, clock.now - 0.001
+        req_clock, wait = door.open(requests[:n])
+        results = [None] * n
+        from bls_pipeline.runtime.results import Timings
+
+        timings = Timings()
+        door.admit(req_clock, results, timings, wait)
+        door.close(0)
+        return results, timings
+
+    results, _ = execute(20, clock.now - 0.1)  # waited 0.1 s: under the target, all taken
+    assert results == [None] * 20 and not door.shedding
+    results, timings = execute(20, clock.now - 0.4)  # 0.4 s: shedding; the 5 newest are taken
+    assert door.shedding
+    assert [r is None for r in results] == [False] * 15 + [True] * 5
+    assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
+    assert "queue_delay_target_ms=250" in results[0].message
+    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
+    results, _ = execute(3, clock.now - 0.01)  # 3 requests: the queue drained, all taken, shedding over
+    assert results == [None] * 3 and not door.shedding
+
+
+def test_no_target_no_shedding():
+    clock = FakeClock()
+    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.0, clock=clock)
+    door.costs.observe("execute", 0.1, 10)
+    req_clock, _ = door.open([ImageRequest([photo()])] * 20)
+    results = [None] * 20
+    from bls_pipeline.runtime.results import Timings
+
+    door.admit(req_clock, results, Timings(), wait=5.0)
+    assert results == [None] * 20
