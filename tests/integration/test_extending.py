@@ -81,7 +81,7 @@ def test_the_guide_writes_only_the_users_own_files():
 def test_the_users_unit_test_passes_in_process(run):
     result = run("tests/test_cat_check.py", timeout=120)
     assert result.returncode == 0, result.stdout
-    assert "2 passed" in result.stdout
+    assert "3 passed" in result.stdout
 
 
 def test_the_new_model_serves_over_http_and_grpc(run, repo_root):
@@ -99,6 +99,9 @@ def test_the_new_model_serves_over_http_and_grpc(run, repo_root):
     assert {route for name, (_, route) in http.items() if name != "chelsea.jpg"} == {"efficientnet_lite0_onnx:first_look"}
     # gRPC, the cat alone, top-1: the same answer.
     assert grpc == {"chelsea.jpg": http["chelsea.jpg"]}
+    # The mug with ask_expert, from curl and from tritonclient: the expert answers it.
+    assert '"data":["resnet50_onnx:second_opinion"]' in out, out
+    assert "tritonclient: resnet50_onnx:second_opinion" in out, out
     assert "successfully unloaded 'cat_check'" in out  # `kill %1`: bls-serve drained and stopped
 
 
