@@ -373,15 +373,22 @@ class TritonServer:
                 self.unload_model(model)
             while not self._done_with_requests(stage, before):
                 if time.monotonic() > deadline:
-                    log.warning("models still busy after %ss of draining: stopping anyway", timeout_s)
+                    states = self.admin.states()
+                    busy = {m: states.get(m, "gone") for m in stage if states.get(m) in ("READY", "UNLOADING")}
+                    log.warning("models still busy after %ss of draining: stopping anyway (%s)", timeout_s,
+                                ", ".join(f"{m} {state}" for m, state in busy.items()) or "none left")
                     return False
                 time.sleep(0.05)
-        while any(state in ("READY", "UNLOADING") for name, state in self.admin.states().items() if name in self.loaded):
+        while True:
+            left = {name: state for name, state in self.admin.states().items()
+                    if name in self.loaded and state in ("READY", "UNLOADING")}
+            if not left:
+                return True
             if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
-                log.warning("models still unloading after %ss of draining: stopping anyway", timeout_s)
+                log.warning("models still unloading after %ss of draining: stopping anyway (%s)", timeout_s,
+                            ", ".join(f"{m} {state}" for m, state in sorted(left.items())))
                 return False
             time.sleep(0.05)
-        return True
 
     def _done_with_requests(self, stage: tuple[str, ...], before: dict[int, str]) -> bool:
         """Every model of `stage` unloaded, or being destroyed: one of the stubs it had
