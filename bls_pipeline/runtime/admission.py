@@ -17,10 +17,10 @@ are refused until the call's predicted time fits the rest.
 
 For clients that give no deadline, a queue-delay target per flow (`queue_delay_target_ms`):
 once the queue wait bound passes it, the instance sheds (Admission): each execute() answers
-only as many of its requests, the newest first, as it can finish in a fifth of the target,
-and refuses the rest at once; it stops shedding once an execute() gets no more than that
-(the queue drained). The queue stays short, so refusals come back fast, and what is
-answered waited less than the target.
+only as many of its requests, the newest first, as it can finish in a fifth of the target
+(50 ms at most), and refuses the rest at once; it stops shedding once an execute() gets no
+more than that (the queue drained). The queue stays short, so refusals come back fast, and
+what is answered waited less than the target.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ __all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueWait", "RequestClock"]
 
 CANCEL_CHECK_S = 0.001  # a request's client is asked about again only after this long (each ask ~30 µs)
 IDLE_GAP_S = 0.010  # an instance free for longer than this between two execute()s was idle (handoffs take less)
-SHED_SHARE = 0.2  # while shedding, an execute() takes on what it can finish in this share of the target
+# While shedding, an execute() takes on what it can finish in a fifth of the target, and at
+# most SHED_MAX_S: the instance frees up that often, so a refused request waits about that long.
+SHED_SHARE, SHED_MAX_S = 0.2, 0.05
 _EWMA = 0.2  # weight of a new measurement
 
 
@@ -199,7 +201,7 @@ class Admission:
             return
         pending = [r for r in range(len(results)) if results[r] is None]
         per_image = self.costs.per_image("execute")
-        budget = max(1, int(self.target_s * SHED_SHARE / per_image)) if per_image else len(pending)
+        budget = max(1, int(min(self.target_s * SHED_SHARE, SHED_MAX_S) / per_image)) if per_image else len(pending)
         total = sum(images(r) for r in pending)
         if not self.shedding and wait > self.target_s:
             self.shedding = True
