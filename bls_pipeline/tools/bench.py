@@ -64,8 +64,10 @@ TEXT_LINES = (2, 3, 4, 5, 6, 8)
 # classify_bls (as the bench serves it) with a 100% shadow of its classifier on a twin of it
 # (resnet50_onnx's files under another name): what mirroring every call costs.
 SHADOW_TARGET, SHADOW_TWIN = "classify_bls_shadow", f"{CLASSIFIER}_twin"
-# classify_bls as the repository configures it (the main job's: the cascade on efficientnet
-# in process, resnet50 for the unsure), beside the bench's plain classify_bls.
+# classify_bls as the main job serves it, beside the bench's plain classify_bls: the
+# repository's config (the cascade on efficientnet in process, resnet50 for the unsure),
+# except that a resnet50 exported with random weights is not among its classifiers, as
+# bls-demo does not serve one (the unsure images are then answered degraded).
 DEFAULT_TARGET = "classify_bls_default"
 # The overload mode's targets: classify_bls as shipped, the seed ensemble, the one-model peer
 # on classify_bls's default engine.
@@ -497,7 +499,7 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
         shutil.rmtree(dst / DEFAULT_TARGET)
     (dst / DEFAULT_TARGET).mkdir()
     (dst / DEFAULT_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
-    (dst / DEFAULT_TARGET / "config.pbtxt").write_text(config_variant(bls, DEFAULT_TARGET, {}))
+    (dst / DEFAULT_TARGET / "config.pbtxt").write_text(config_variant(bls, DEFAULT_TARGET, _as_served(src, bls)))
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
     plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER, **({} if keep_branches else {"tta_threshold": "0"})}
@@ -512,6 +514,20 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
     (dst / SHADOW_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
     (dst / SHADOW_TARGET / "config.pbtxt").write_text(
         config_variant(bls, SHADOW_TARGET, {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": f"{shadow_share:g}"}))
+
+
+def _as_served(repo: Path, flow: Path) -> dict[str, str]:
+    """classify_bls's `classifiers` as the main job serves them: without the resnet50 models
+    when resnet50_onnx was exported with random weights (a test export, which bls-demo does
+    not serve); a model no CPU server loads stands in when none is left."""
+    from engine_build.export_onnx import exported_weights
+
+    if exported_weights(repo / CLASSIFIER / "1" / "model.onnx") != "random":
+        return {}
+    from ..runtime.modelconfig import parse_config, string_parameters
+
+    kept = [m for m in string_parameters(parse_config(flow))["classifiers"].split(",") if not m.startswith("resnet50_")]
+    return {"classifiers": ",".join(kept) or "resnet50_trt"}
 
 
 def main(argv: list[str] | None = None) -> int:
