@@ -36,7 +36,13 @@ from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 __all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueWait", "RequestClock"]
 
 CANCEL_CHECK_S = 0.001  # a request's client is asked about again only after this long (each ask ~30 µs)
-IDLE_GAP_S = 0.010  # an instance free for longer than this between two execute()s was idle (handoffs take less)
+# An instance free for longer than IDLE_GAP_S between two execute()s, which then gets at most
+# IDLE_BATCH requests, was idle: a handoff takes less, and requests that waited come in numbers
+# (a busy machine can delay a handoff past the gap: the batch's size tells the two apart).
+IDLE_GAP_S, IDLE_BATCH = 0.010, 2
+# What an answer needs after the runtime's last look at its deadline: top-k, the response's way
+# back through Triton to the client.
+RESPONSE_S = 0.010
 # While shedding, an execute() takes on what it can finish in a fifth of the target, and at
 # most SHED_MAX_S: the instance frees up that often, so a refused request waits about that long.
 SHED_SHARE, SHED_MAX_S = 0.2, 0.05
@@ -70,7 +76,8 @@ class QueueWait:
     this instance's own executes: right after an execute() that got fewer requests than
     max_batch_size, the queue was empty (the batcher took them all), so every later request
     came after it; and an instance that sat idle since its last execute() takes a request as
-    soon as the batcher lets go of it (at most max_queue_delay after it came). None for
+    soon as the batcher lets go of it (at most max_queue_delay after it came); a gap between
+    execute()s counts as idle only before a batch of one or two (IDLE_BATCH). None for
     max_batch_size: no queue in front (LocalFlow), no wait."""
 
     def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0):
@@ -85,7 +92,7 @@ class QueueWait:
         bounds = []
         if self._drained_at is not None:
             bounds.append(now - self._drained_at)
-        if self._last_end is not None and now - self._last_end > IDLE_GAP_S:
+        if self._last_end is not None and now - self._last_end > IDLE_GAP_S and requests <= IDLE_BATCH:
             bounds.append(self.max_queue_delay_s + IDLE_GAP_S)
         wait = max(0.0, min(bounds)) if bounds else 0.0
         if self.max_batch_size <= 0 or requests < self.max_batch_size:
@@ -106,11 +113,17 @@ class RequestClock:
     clock: Callable[[], float]
     checked: np.ndarray = field(init=False)
 
+    late_cancel: Callable[[float], None] | None = None  # told how much time a cancelled request still seemed to have
+
     @classmethod
-    def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float]) -> "RequestClock":
-        deadlines = np.array([now - wait + r.timeout_s if r.timeout_s is not None else math.inf for r in requests],
-                             dtype=np.float64)
-        made = cls(requests, deadlines, clock)
+    def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float],
+              slack: float = 0.0, late_cancel: Callable[[float], None] | None = None) -> "RequestClock":
+        """Each deadline counted from the earliest the request can have entered the queue (now
+        less the wait bound), less `slack` (how much later than the client's own the runtime's
+        estimates have turned out) and the answer's way back (RESPONSE_S)."""
+        deadlines = np.array([now - wait + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
+                              for r in requests], dtype=np.float64)
+        made = cls(requests, deadlines, clock, late_cancel=late_cancel)
         made.checked = np.full(len(requests), -math.inf)  # never asked yet
         return made
 
@@ -142,6 +155,8 @@ def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: 
         if results[r] is not None:
             continue
         if clock.cancelled(r, now):
+            if clock.late_cancel is not None and math.isfinite(left[r]):
+                clock.late_cancel(left[r])  # its client gave up with this much of our estimate left
             _fail(results, timings, r, images(r), stage, "cancelled", CANCELLED,
                   "the client cancelled the request (or its gRPC deadline passed)")
         elif left[r] <= 0:
@@ -181,6 +196,7 @@ class Admission:
         self.clock = clock
         self.costs = Costs()
         self.shedding = False
+        self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
         self._started: float | None = None
 
     def open(self, requests: Sequence[ImageRequest]) -> tuple[RequestClock, float]:
@@ -188,22 +204,34 @@ class Admission:
         now = self.clock()
         self._started = now
         wait = self.wait.started(now, len(requests))
-        return RequestClock.start(requests, now, wait, self.clock), wait
+        return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel), wait
+
+    def _late_cancel(self, left_s: float) -> None:
+        """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC
+        client's deadline cancels the call): later estimates are made that much earlier, as a
+        moving average of what these show (never below 0)."""
+        # left_s was counted with the current slack taken off already: the slack it shows is
+        # slack + left_s, and the average moves a fifth of the way there.
+        self.slack_s = max(0.0, self.slack_s + _EWMA * left_s)
 
     def admit(self, clock: RequestClock, results: list, timings: Timings, wait: float) -> None:
         """At the door, before decoding: drop the gone and the expired, refuse what cannot
         finish in time, and while shedding keep only what fits in the shedding budget."""
         now = clock.clock()
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
+        late = sum(timings.dropped.get((why, "admission", UNAVAILABLE), 0) for why in ("expired", "no_time"))
         drop(clock, results, timings, "admission", now, images,
              predicted=lambda n: self.costs.predict("execute", n))
+        late = sum(timings.dropped.get((why, "admission", UNAVAILABLE), 0) for why in ("expired", "no_time")) - late
         if self.target_s <= 0:
             return
         pending = [r for r in range(len(results)) if results[r] is None]
         per_image = self.costs.per_image("execute")
         budget = max(1, int(min(self.target_s * SHED_SHARE, SHED_MAX_S) / per_image)) if per_image else len(pending)
         total = sum(images(r) for r in pending)
-        if not self.shedding and wait > self.target_s:
+        # The queue is standing: requests waited past the target, or their own deadlines ran out
+        # in it (clients with deadlines keep the wait under the target, and still wait too long).
+        if not self.shedding and (wait > self.target_s or late):
             self.shedding = True
         elif self.shedding and total <= budget:
             self.shedding = False  # the queue drained

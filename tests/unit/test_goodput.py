@@ -278,3 +278,34 @@ def test_no_target_no_shedding():
 
     door.admit(req_clock, results, Timings(), wait=5.0)
     assert results == [None] * 20
+
+
+def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
+    clock = FakeClock()
+    door = Admission(max_batch_size=None, max_queue_delay_s=0.0, target_s=0.0, clock=clock)
+    from bls_pipeline.runtime.admission import drop
+    from bls_pipeline.runtime.results import Timings
+
+    gone = ImageRequest([photo()], timeout_s=1.0, cancelled=lambda: True)
+    req_clock, _ = door.open([gone])
+    results = [None]
+    clock.now += 0.5  # cancelled with 0.49 s (less the response's 10 ms) of the estimate left
+    drop(req_clock, results, Timings(), "m", clock.now, lambda r: 1)
+    assert results[0].code == CANCELLED and door.slack_s == pytest.approx(0.2 * 0.49)
+    later, _ = door.open([ImageRequest([photo()], timeout_s=1.0)])
+    assert later.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01 - door.slack_s)
+
+
+def test_requests_running_out_of_time_in_the_queue_start_the_shedding():
+    clock = FakeClock()
+    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.5, clock=clock)
+    door.costs.observe("execute", 0.1, 10)  # 10 ms an image
+    from bls_pipeline.runtime.results import Timings
+
+    door.wait._drained_at, door.wait._last_end = clock.now - 0.3, clock.now - 0.001  # waited up to 0.3 s: under the target
+    requests = [ImageRequest([photo()], timeout_s=0.35) for _ in range(20)]  # but their deadlines fit 5 of them
+    req_clock, wait = door.open(requests)
+    results = [None] * 20
+    door.admit(req_clock, results, Timings(), wait)
+    assert door.shedding
+    assert sum(r is None for r in results) <= 5
