@@ -27,6 +27,7 @@ from ..runtime.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
 from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
+from .shared_stamp import SharedStamp
 from .transport import TritonTransport
 
 __all__ = ["execution_line", "flow_model"]
@@ -42,10 +43,12 @@ def flow_model(pb_utils: Any) -> type:
         def initialize(self, args):
             bridge_logging(pb_utils)
             model_dir = Path(args["model_repository"])
+            self.queue_stamp = SharedStamp(args["model_name"])  # when any instance last emptied the queue
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=_declared_outputs(args), queue=_queue(args))
+                                            outputs=_declared_outputs(args), queue=_queue(args),
+                                            shared_queue=self.queue_stamp)
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
@@ -97,6 +100,7 @@ def flow_model(pb_utils: Any) -> type:
         def finalize(self):
             self.metrics.close()
             self.runtime.close()
+            self.queue_stamp.close()
             self.transport.close()
             if self.in_process is not None:
                 self.in_process.close()

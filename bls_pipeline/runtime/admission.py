@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -71,32 +71,49 @@ class Costs:
         return self._per_image.get(stage)
 
 
+class SharedTime(Protocol):
+    """A time the instances of one model share (adapter/shared_stamp.py): 0 until one wrote it."""
+
+    def read(self) -> float: ...
+    def raise_to(self, value: float) -> None: ...
+
+
 class QueueWait:
     """An upper bound on how long the requests of an execute() waited in Triton's queue, from
-    this instance's own executes: right after an execute() that got fewer requests than
-    max_batch_size, the queue was empty (the batcher took them all), so every later request
-    came after it; and an instance that sat idle since its last execute() takes a request as
+    executes: right after an execute() that got fewer requests than max_batch_size, the queue
+    was empty (the batcher took them all), so every later request came after it (any
+    instance's such execute(), where they share the time of the latest); and an instance that sat idle since its last execute() takes a request as
     soon as the batcher lets go of it (at most max_queue_delay after it came); a gap between
     execute()s counts as idle only before a batch of one or two (IDLE_BATCH). None for
     max_batch_size: no queue in front (LocalFlow), no wait."""
 
-    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0):
+    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0, shared: SharedTime | None = None):
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self._drained_at: float | None = None  # start of the last execute() that emptied the queue
         self._last_end: float | None = None
+        # The model's other instances empty the same queue: when any of them last did (the
+        # adapter's shared stamp), else this instance's own knowledge alone.
+        self._shared = shared
 
     def started(self, now: float, requests: int) -> float:
         if self.max_batch_size is None:
             return 0.0
         bounds = []
-        if self._drained_at is not None:
-            bounds.append(now - self._drained_at)
+        drained = self._drained_at
+        if self._shared is not None:
+            anyone = self._shared.read()  # 0: no instance wrote it yet
+            if anyone > 0 and (drained is None or anyone > drained):
+                drained = anyone
+        if drained is not None:
+            bounds.append(now - drained)
         if self._last_end is not None and now - self._last_end > IDLE_GAP_S and requests <= IDLE_BATCH:
             bounds.append(self.max_queue_delay_s + IDLE_GAP_S)
         wait = max(0.0, min(bounds)) if bounds else 0.0
         if self.max_batch_size <= 0 or requests < self.max_batch_size:
             self._drained_at = now
+            if self._shared is not None:
+                self._shared.raise_to(now)
         return wait
 
     def finished(self, now: float) -> None:
@@ -190,8 +207,9 @@ class Admission:
     """One flow instance's door: its queue-wait bound, what an image costs it, and whether it
     is shedding (a queue-delay target passed)."""
 
-    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float, target_s: float, clock: Callable[[], float]):
-        self.wait = QueueWait(max_batch_size, max_queue_delay_s)
+    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float, target_s: float, clock: Callable[[], float],
+                 shared: SharedTime | None = None):
+        self.wait = QueueWait(max_batch_size, max_queue_delay_s, shared)
         self.target_s = target_s
         self.clock = clock
         self.costs = Costs()

@@ -54,7 +54,7 @@ class FlowRuntime:
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False,
-                 max_batch_size: int | None = None, max_queue_delay_s: float = 0.0):
+                 max_batch_size: int | None = None, max_queue_delay_s: float = 0.0, shared_queue=None):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -88,14 +88,15 @@ class FlowRuntime:
         self.clock = clock
         # The door (admission.py): the queue-wait bound (max_batch_size None: no queue in
         # front, as in LocalFlow), what an image costs, shedding past queue_delay_target_ms.
-        self.admission = Admission(max_batch_size, max_queue_delay_s, runtime.queue_delay_target_ms / 1e3, clock)
+        self.admission = Admission(max_batch_size, max_queue_delay_s, runtime.queue_delay_target_ms / 1e3, clock,
+                                   shared=shared_queue)
         self.parameters: type[Parameters] = flow.parameters or Parameters
 
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
              pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None,
-             queue: tuple[int, float] | None = None) -> "FlowRuntime":
+             queue: tuple[int, float] | None = None, shared_queue=None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
         children.load_child); checked on a probe image. `device`: None to decode and score
@@ -105,7 +106,8 @@ class FlowRuntime:
         Triton copies each model's folder alone) is called unpinned. outputs: the flow
         model's outputs as served (default: its config.pbtxt's). queue: (max_batch_size,
         max_queue_delay seconds) of the queue Triton keeps in front of it (None: no queue,
-        as in LocalFlow)."""
+        as in LocalFlow); shared_queue: when any instance of the model last emptied it
+        (admission.SharedTime)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
@@ -122,7 +124,8 @@ class FlowRuntime:
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
         max_batch_size, delay = queue if queue is not None else (None, 0.0)
         return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                   keep_images=uses_regions, max_batch_size=max_batch_size, max_queue_delay_s=delay)
+                   keep_images=uses_regions, max_batch_size=max_batch_size, max_queue_delay_s=delay,
+                   shared_queue=shared_queue)
 
     @property
     def shadow(self):

@@ -30,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..adapter.shared_stamp import STAMP_PREFIX
 from ..contract import RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
@@ -451,6 +452,9 @@ class TritonServer:
         self.last_stop = StopReport(code, drained, stuck)
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
+        if proc is not None:  # the flows' shared queue stamps (adapter/shared_stamp.py) a killed stub left
+            for leftover in Path("/dev/shm").glob(f"{STAMP_PREFIX}{proc.pid}_*"):
+                leftover.unlink(missing_ok=True)
         if self._log_handle:
             self._log_handle.close()
             self._log_handle = None

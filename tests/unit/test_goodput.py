@@ -309,3 +309,19 @@ def test_requests_running_out_of_time_in_the_queue_start_the_shedding():
     door.admit(req_clock, results, Timings(), wait)
     assert door.shedding
     assert sum(r is None for r in results) <= 5
+
+
+def test_instances_share_when_the_queue_was_last_emptied(tmp_path):
+    from bls_pipeline.adapter.shared_stamp import SharedStamp
+
+    a_stamp, b_stamp = SharedStamp("flow", server_pid=1, folder=tmp_path), SharedStamp("flow", server_pid=1, folder=tmp_path)
+    a, b = QueueWait(64, shared=a_stamp), QueueWait(64, shared=b_stamp)
+    assert b.started(10.0, 4) == 0.0  # B empties the queue at 10.0
+    b.finished(10.001)
+    assert a.started(10.5, 4) == pytest.approx(0.5)  # A knows nothing of its own: B's 10.0
+    a.finished(10.501)
+    # B again, busy since: its own bound says 10.0, A's batch at 10.5 emptied the queue later
+    assert b.started(10.6, 4) == pytest.approx(0.1)
+    assert SharedStamp("other", server_pid=1, folder=tmp_path).read() == 0.0  # one stamp per model
+    a_stamp.close()
+    assert not a_stamp.path.exists()
