@@ -36,9 +36,8 @@ from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 __all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueWait", "RequestClock"]
 
 CANCEL_CHECK_S = 0.001  # a request's client is asked about again only after this long (each ask ~30 µs)
-# An instance free for longer than IDLE_GAP_S between two execute()s, which then gets at most
-# IDLE_BATCH requests, was idle: a handoff takes less, and requests that waited come in numbers
-# (a busy machine can delay a handoff past the gap: the batch's size tells the two apart).
+# An execute() that gets at most IDLE_BATCH requests had no queue in front of it: its requests
+# are taken to have waited no more than the batcher's delay and a handoff (IDLE_GAP_S).
 IDLE_GAP_S, IDLE_BATCH = 0.010, 2
 # What an answer needs after the runtime's last look at its deadline: top-k, the response's way
 # back through Triton to the client.
@@ -79,13 +78,12 @@ class SharedTime(Protocol):
 
 
 class QueueWait:
-    """An upper bound on how long the requests of an execute() waited in Triton's queue, from
-    executes: right after an execute() that got fewer requests than max_batch_size, the queue
-    was empty (the batcher took them all), so every later request came after it (any
-    instance's such execute(), where they share the time of the latest); and an instance that sat idle since its last execute() takes a request as
-    soon as the batcher lets go of it (at most max_queue_delay after it came); a gap between
-    execute()s counts as idle only before a batch of one or two (IDLE_BATCH). None for
-    max_batch_size: no queue in front (LocalFlow), no wait."""
+    """An upper bound on how long the requests of an execute() waited in Triton's queue:
+    right after an execute() that got fewer requests than max_batch_size, the queue was empty
+    (the batcher took them all), so every later request came after it (any instance's such
+    execute(): the instances share the time of the latest). An execute() of one or two
+    requests (IDLE_BATCH) had no queue in front of it, and counts the batcher's delay alone.
+    None for max_batch_size: no queue in front (LocalFlow), no wait."""
 
     def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0, shared: SharedTime | None = None):
         self.max_batch_size = max_batch_size
@@ -107,7 +105,10 @@ class QueueWait:
                 drained = anyone
         if drained is not None:
             bounds.append(now - drained)
-        if self._last_end is not None and now - self._last_end > IDLE_GAP_S and requests <= IDLE_BATCH:
+        if requests <= IDLE_BATCH:
+            # One or two requests: no queue stood in front of them. Whether they came just now
+            # or waited out two long execute()s cannot be told apart; either way nothing is
+            # lined up to shed, and a deadline counted from now errs by that wait at most.
             bounds.append(self.max_queue_delay_s + IDLE_GAP_S)
         wait = max(0.0, min(bounds)) if bounds else 0.0
         if self.max_batch_size <= 0 or requests < self.max_batch_size:

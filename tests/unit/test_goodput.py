@@ -210,15 +210,17 @@ def test_local_flow_takes_a_deadline():
 
 # ---- the door: queue wait, costs, shedding ------------------------------------------------------------
 def test_the_queue_wait_bound():
-    wait = QueueWait(max_batch_size=4, max_queue_delay_s=0.0)
-    assert wait.started(10.0, 2) == 0.0  # the first: nothing known, the queue emptied now
+    wait = QueueWait(max_batch_size=8, max_queue_delay_s=0.0)
+    assert wait.started(10.0, 3) == 0.0  # the first: nothing known, the queue emptied now
     wait.finished(10.5)
-    assert wait.started(10.502, 4) == pytest.approx(0.502)  # busy since: came after 10.0 at the earliest
+    assert wait.started(10.502, 8) == pytest.approx(0.502)  # came after 10.0 at the earliest
     wait.finished(11.0)
-    # a full batch: the queue may not have emptied; the bound stays on 10.0
-    assert wait.started(11.001, 1) == pytest.approx(1.001)
+    # that batch was full: the queue may not have emptied; the bound stays on 10.0
+    assert wait.started(11.001, 3) == pytest.approx(1.001)
     wait.finished(11.2)
-    assert wait.started(12.0, 1) == pytest.approx(0.010)  # idle since 11.2: taken as soon as it came
+    # one or two requests: no queue stood in front of them
+    assert wait.started(12.0, 1) == pytest.approx(0.010)
+    assert QueueWait(8, max_queue_delay_s=0.1).started(13.0, 2) == pytest.approx(0.110)
     assert QueueWait(None).started(99.0, 64) == 0.0  # no queue in front (LocalFlow)
 
 
@@ -320,7 +322,7 @@ def test_instances_share_when_the_queue_was_last_emptied(tmp_path):
     b.finished(10.001)
     assert a.started(10.5, 4) == pytest.approx(0.5)  # A knows nothing of its own: B's 10.0
     a.finished(10.501)
-    # B again, busy since: its own bound says 10.0, A's batch at 10.5 emptied the queue later
+    # B again: its own bound says 10.0, A's batch at 10.5 emptied the queue later
     assert b.started(10.6, 4) == pytest.approx(0.1)
     assert SharedStamp("other", server_pid=1, folder=tmp_path).read() == 0.0  # one stamp per model
     a_stamp.close()
