@@ -20,16 +20,17 @@ import urllib.request
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.contract import IMAGE, LABELS, ROUTE
-from bls_pipeline.runtime.modelconfig import config_variant
+from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import tritonclient_module
 
 pytestmark = pytest.mark.integration
 
-FLOW, CHEAP, MAIN = "goodput_flow", "slow_cheap", "counted_main"
+FLOW, CHEAP, MAIN, SHEDDING = "goodput_flow", "slow_cheap", "counted_main", "goodput_shedding"
 _CHILDREN = '''"""goodput_flow's children (tests only): a slow unsure cheap classifier, a counted main one."""
 import time
 
@@ -66,7 +67,14 @@ def goodput_server(model_repo, tmp_path_factory, server_factory):
     shutil.copytree(model_repo / "classify_bls", repo / FLOW)
     (repo / FLOW / "config.pbtxt").write_text(config_variant(model_repo / "classify_bls", FLOW, {
         "cascade_classifiers": CHEAP, "classifiers": MAIN, "run_in_process": "none", "tta_threshold": "0"}))
-    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"), models=(FLOW,))
+    # The same flow on one instance that sheds once requests waited 100 ms.
+    shutil.copytree(model_repo / "classify_bls", repo / SHEDDING)
+    config = text_format.Parse(config_variant(model_repo / "classify_bls", SHEDDING, {
+        "cascade_classifiers": CHEAP, "classifiers": MAIN, "run_in_process": "none", "tta_threshold": "0",
+        "queue_delay_target_ms": "100"}), ModelConfig())
+    config.instance_group[0].count = 1
+    (repo / SHEDDING / "config.pbtxt").write_text(text_format.MessageToString(config))
+    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"), models=(FLOW, SHEDDING))
     yield server
     server.stop()
 
@@ -84,13 +92,13 @@ def _jpeg() -> bytes:
     return buf.getvalue()
 
 
-def _infer(server, protocol: str, image: bytes, **kwargs):
+def _infer(server, protocol: str, image: bytes, model: str = FLOW, **kwargs):
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(server.url(protocol))
     try:
         inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
         inp.set_data_from_numpy(np.array([[image]], dtype=object))
-        return client.infer(FLOW, [inp], outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput(LABELS.name)],
+        return client.infer(model, [inp], outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput(LABELS.name)],
                             **kwargs)
     finally:
         client.close()
@@ -186,6 +194,34 @@ def test_a_request_cancelled_between_two_calls_never_reaches_the_second(goodput_
     assert after[f"triton:{CHEAP}"] == before[f"triton:{CHEAP}"] + 1  # it got as far as the first
     assert after[f"triton:{MAIN}"] == before[f"triton:{MAIN}"]
     assert after.get(f"child:{MAIN}", 0) == before.get(f"child:{MAIN}", 0)
+
+
+def test_past_its_queue_delay_target_a_flow_refuses_at_once_what_it_cannot_start(goodput_server):
+    """One instance, 0.4 s a batch: a burst of 8 plain HTTP requests (no deadline) behind a
+    first one waits about 0.4 s; the next execute() answers what it can finish in 20 ms (one
+    request: no less) and refuses the others at once, 503 saying why, counted as shed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_):
+        start = time.monotonic()
+        try:
+            _infer(goodput_server, "http", _jpeg(), model=SHEDDING)
+            return "answered", time.monotonic() - start, ""
+        except InferenceServerException as exc:
+            return str(exc.status()), time.monotonic() - start, exc.message()
+
+    _infer(goodput_server, "http", _jpeg(), model=SHEDDING)  # measured once: what an image costs it
+    with ThreadPoolExecutor(9) as pool:
+        first = pool.submit(one, 0)
+        time.sleep(0.1)  # the burst queues behind it
+        outcomes = [first.result()] + list(pool.map(one, range(8)))
+    refused = [o for o in outcomes if o[0] == "503"]
+    assert refused and len(refused) < len(outcomes), outcomes
+    assert all("queue_delay_target_ms=100" in message for _, _, message in refused), refused
+    assert all(status in ("answered", "503") for status, _, _ in outcomes), outcomes
+    text = urllib.request.urlopen(goodput_server.metrics_url, timeout=10).read().decode()
+    assert re.search(rf'bls_dropped_images_total{{[^}}]*model="{SHEDDING}"[^}}]*why="shed"[^}}]*}} [1-9]', text) or \
+        re.search(rf'bls_dropped_images_total{{[^}}]*why="shed"[^}}]*model="{SHEDDING}"', text), text[-2000:]
 
 
 def test_the_server_stops_cleanly_after_cancellations(goodput_server):
