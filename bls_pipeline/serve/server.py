@@ -44,9 +44,12 @@ log = logging.getLogger(__name__)
 
 # Over gRPC, Triton looks for the key under the protocol-prefixed metadata name.
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
-# APIs a client never needs for inference; behind the key so a local process cannot
-# load arbitrary models, read configs or map shared memory.
-RESTRICTED_APIS = "model-repository,model-config,shared-memory"
+# APIs a client never needs for inference, behind the key (docs/deploy.md, "What the admin
+# key guards"): the writes (loading and unloading models, mapping shared memory, changing the
+# trace and log settings) and reading a model's full config (instances, queue limits, file
+# names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
+# Model Analyzer read the config, so they take the key (-H).
+RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
