@@ -22,11 +22,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..contract import IMAGE
-from ..serve.client import find_images, tritonclient_module
+from ..serve.client import check_server, find_images, tritonclient_module
 from ..serve.paths import checkout, default_models, default_samples
 
-__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "run_perf_analyzer"]
+__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "request_parameter", "run_perf_analyzer"]
 
 
 # ---- the input-data file -----------------------------------------------------------------
@@ -48,8 +50,10 @@ def input_data(images: list[bytes], expected: list[dict[str, list]] | None = Non
     return document
 
 
-def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], outputs: list[str]) -> list[dict[str, list]]:
-    """Each image's `outputs` as `model` at `url` answers it now, in validation_data's form.
+def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], outputs: list[str],
+                     parameters: dict | None = None) -> list[dict[str, list]]:
+    """Each image's `outputs` as `model` at `url` answers it now (asked with the request
+    `parameters` perf_analyzer will send), in validation_data's form.
 
     Fixed-shape outputs only: perf_analyzer 2.51 reads no shape for a validation tensor, and
     refuses one whose shape has a -1 (LABELS, SCORES, CLASS_IDS). It compares bytes: an output
@@ -66,21 +70,32 @@ def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], o
             if -1 in dims:
                 raise ValueError(f"{model}'s {name} has a variable shape {shapes[name]}: perf_analyzer 2.51 validates "
                                  "fixed-shape outputs only (ROUTE, TEXT, REGION_COUNT)")
+        others = dict(parameters or {})
+        timeout = others.pop("timeout", None)  # Triton's own: tritonclient sends it as timeout=, in µs
         expected = []
         for image in images:
             tensor = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
-            tensor.set_data_from_numpy(_object_array(image))
-            result = client.infer(model, [tensor], outputs=[tc.InferRequestedOutput(name) for name in outputs])
+            tensor.set_data_from_numpy(np.array([[image]], dtype=object))
+            result = client.infer(model, [tensor], outputs=[tc.InferRequestedOutput(name) for name in outputs],
+                                  parameters=others or None, timeout=timeout)
             expected.append({name: _content(result.as_numpy(name)[0]) for name in outputs})
         return expected
     finally:
         client.close()
 
 
-def _object_array(data: bytes):
-    import numpy as np
+_TYPES = {"int": int, "bool": lambda v: {"true": True, "false": False}[v], "string": str}
 
-    return np.array([[data]], dtype=object)
+
+def request_parameter(text: str) -> tuple[str, object]:
+    """perf_analyzer's --request-parameter NAME:VALUE:TYPE (int, bool or string) as the
+    (name, value) it sends: both lowercased, as perf_analyzer 2.51 does."""
+    try:
+        name, value, kind = text.lower().split(":")
+        return name, _TYPES[kind](value)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME:VALUE:TYPE, TYPE int, bool or string "
+                                         "(skip_cascade:true:bool), as perf_analyzer takes it") from None
 
 
 def _content(values) -> list:
@@ -93,14 +108,12 @@ def _content(values) -> list:
 
 
 def _data_main(args: argparse.Namespace) -> int:
-    skipped: list[Path] = []
+    files = find_images(args.paths)
     if args.bench_set:
         from .bench import make_image_set
 
-        files = sorted(f for f in find_images(args.paths, skipped) if f.suffix.lower() in (".jpg", ".jpeg"))
-        images = make_image_set(files)
+        images = make_image_set([f for f in files if f.suffix.lower() in (".jpg", ".jpeg")])
     else:
-        files = find_images(args.paths, skipped)
         images = [f.read_bytes() for f in files]
     if not images:
         print(f"bls-perf data: error: no images in {' '.join(args.paths)}", file=sys.stderr)
@@ -108,8 +121,13 @@ def _data_main(args: argparse.Namespace) -> int:
     expected = None
     if args.expect:
         url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
+        why = check_server(url, args.protocol, args.model)
+        if why:
+            print(f"bls-perf data: error: {why}", file=sys.stderr)
+            return 2
         try:
-            expected = expected_outputs(url, args.protocol, args.model, images, args.expect.split(","))
+            expected = expected_outputs(url, args.protocol, args.model, images, args.expect.split(","),
+                                        dict(args.request_parameter))
         except ValueError as exc:
             print(f"bls-perf data: error: {exc}", file=sys.stderr)
             return 2
@@ -185,7 +203,8 @@ def _compare_main(args: argparse.Namespace) -> int:
     concurrency = [int(c) for c in args.concurrency.split(",")]
     command = perf_analyzer_command(args.perf_analyzer)
     workdir = Path(tempfile.mkdtemp(prefix="bls-perf-"))
-    runs: dict[tuple[str, str, int], list] = {}
+    runs: dict[tuple[str, str, int], dict[int, object]] = {}  # (tool, target, concurrency) -> round -> its point
+    unstable: list[tuple[int, str, int]] = []  # (round, target, concurrency) perf_analyzer could not measure
     try:
         repo = workdir / "models"
         bench.repository_for(targets, args.model_repository, repo)
@@ -211,19 +230,27 @@ def _compare_main(args: argparse.Namespace) -> int:
                         if point.errors:
                             raise RuntimeError(f"bls-bench: {point.errors} errors on {target} at concurrency {c}")
                     else:
-                        row = run_perf_analyzer(command, models[target], url, args.protocol, input_file, c,
-                                                int(args.duration * 1000), headers, workdir / f"pa-{n}.csv",
-                                                ("--stability-percentage", str(args.stability)))
+                        try:
+                            row = run_perf_analyzer(command, models[target], url, args.protocol, input_file, c,
+                                                    int(args.duration * 1000), headers, workdir / f"pa-{n}.csv",
+                                                    ("--stability-percentage", str(args.stability)))
+                        except RuntimeError as exc:
+                            if "stable measurement" not in str(exc):
+                                raise
+                            print(f"  perf_analyzer found no 3 windows within {args.stability:g}%: no point this round")
+                            unstable.append((r, target, c))
+                            continue
                         point = _point(target, c, row)
-                    runs.setdefault((tool, target, c), []).append(point)
+                    runs.setdefault((tool, target, c), {})[r] = point
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = _report(runs, targets, concurrency)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
-            "images": len(images), "perf_analyzer_window_ms": int(args.duration * 1000), "stability_percentage": args.stability}
+            "images": len(images), "perf_analyzer_window_ms": int(args.duration * 1000), "stability_percentage": args.stability,
+            "perf_analyzer_unstable": unstable}
     (args.out / "compare.json").write_text(json.dumps(
-        {"meta": meta, "runs": {f"{tool} {t} c={c}": [asdict(p) for p in ps] for (tool, t, c), ps in runs.items()}},
+        {"meta": meta, "runs": {f"{tool} {t} c={c}": {r: asdict(p) for r, p in ps.items()} for (tool, t, c), ps in runs.items()}},
         indent=2))
     (args.out / "compare.md").write_text(report)
     print(report)
@@ -231,19 +258,20 @@ def _compare_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(runs: dict[tuple[str, str, int], list], targets: list[str], concurrency: list[int]) -> str:
-    """The median round of each tool per point, side by side, with perf_analyzer / bls-bench
-    in each round and their median."""
+def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[str], concurrency: list[int]) -> str:
+    """Per point, each tool's median round side by side, and the median over rounds of
+    perf_analyzer / bls-bench (each round's two measurements taken back to back)."""
     lines = ["| target | c | bls-bench images/s | perf_analyzer images/s | PA / bench (median of rounds) | "
              "p50 ms bench / PA | PA server queue / compute ms |", "|---|---:|---:|---:|---:|---:|---:|"]
     for target in targets:
         for c in concurrency:
-            bench_runs, pa_runs = runs.get(("bench", target, c), []), runs.get(("perf_analyzer", target, c), [])
-            if not bench_runs or not pa_runs:
+            bench_runs, pa_runs = runs.get(("bench", target, c), {}), runs.get(("perf_analyzer", target, c), {})
+            both = sorted(set(bench_runs) & set(pa_runs))
+            if not both:
                 continue
-            b, p = _median(bench_runs), _median(pa_runs)
-            ratio = statistics.median(pa.images_per_s / be.images_per_s for be, pa in zip(bench_runs, pa_runs))
-            lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} | "
+            b, p = _median(list(bench_runs.values())), _median(list(pa_runs.values()))
+            ratio = statistics.median(pa_runs[r].images_per_s / bench_runs[r].images_per_s for r in both)
+            lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} ({len(both)}) | "
                          f"{b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -265,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--expect", metavar="OUTPUTS",
                    help="comma-separated fixed-shape outputs (ROUTE; TEXT,REGION_COUNT for read_text) to add as validation_data: "
                         "what --model at --url answers for each image now; perf_analyzer then fails on any other answer")
+    d.add_argument("--request-parameter", type=request_parameter, action="append", default=[], metavar="NAME:VALUE:TYPE",
+                   help="with --expect: a request parameter to ask with, as perf_analyzer will send it (skip_cascade:true:bool)")
     d.add_argument("--model", default="classify_bls", help="with --expect: the model to ask")
     d.add_argument("--url", help="with --expect: the server (default 127.0.0.1:8001 for grpc, :8000 for http)")
     d.add_argument("--protocol", choices=("grpc", "http"), default="grpc")

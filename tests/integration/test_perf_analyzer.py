@@ -133,4 +133,33 @@ def test_the_documented_commands_run_as_they_stand(perf_analyzer, model_repo, tm
     for line in ("Concurrency: 1, throughput:", "Concurrency: 8, throughput:", "Request Rate: 10", "Request Rate: 8"):
         assert line in out, line
     assert out.count("Successfully read data for 1 stream/streams with 12 step/steps") == 3  # bls-bench's set, checked
+    direct = json.loads((checkout / "build" / "perf" / "direct.json").read_text())["validation_data"]
+    assert [v["ROUTE"] for v in direct] == [["resnet50_onnx:direct"]] * 12  # what skip_cascade was checked against
     assert "tritonserver stopped (exit code 0)" in out
+
+
+def test_a_deadline_too_short_fails_the_run(server, perf_analyzer, repo_root, tmp_path):
+    """perf_analyzer's timeout parameter is the request's deadline: 1 ms is too short for
+    classify_bls, whose answers say so, and perf_analyzer fails on them."""
+    data = _data(tmp_path, "mug", [str(repo_root / "samples" / "mug.jpg")])
+    done = _run(server, perf_analyzer, "classify_bls", "grpc", data, "--concurrency-range", "2",
+                "--request-parameter", "timeout:1000:int", requests=4)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and ("deadline" in out or "timeout" in out), out[-2000:]
+
+
+def test_compare_measures_each_target_with_both_tools(perf_analyzer, model_repo, repo_root, tmp_path):
+    """bls-perf compare (the numbers in docs/performance.md come from a full run): one server,
+    both tools on the same target, their numbers side by side."""
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "mug.jpg").symlink_to(repo_root / "samples" / "mug.jpg")
+    out = tmp_path / "compare"
+    assert perf.main(["compare", "--targets", "ensemble_resnet50", "--concurrency", "2", "--duration", "1", "--warmup", "0.5",
+                      "--rounds", "1", "--stability", "100", "--model-repository", str(model_repo), "--images", str(images),
+                      "--out", str(out)]) == 0
+    runs = json.loads((out / "compare.json").read_text())["runs"]
+    bench, pa = runs["bench ensemble_resnet50 c=2"]["0"], runs["perf_analyzer ensemble_resnet50 c=2"]["0"]
+    assert bench["errors"] == 0 and bench["images_per_s"] > 0 and pa["images_per_s"] > 0
+    assert pa["server_compute_ms"] > 0 and pa["p50_ms"] <= pa["p99_ms"]
+    assert "| ensemble_resnet50 | 2 |" in (out / "compare.md").read_text()
