@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 from .server import embedded_command
@@ -24,9 +25,13 @@ __all__ = ["main"]
 
 
 def _workdir() -> Path:
-    """One folder per user and Python, made whole before it is used: two starts at once
-    each make their own and the first renamed into place wins."""
-    key = hashlib.sha1(sys.executable.encode()).hexdigest()[:10]
+    """One folder per user, Python and nvidia-pytriton release, made whole before it is
+    used: two starts at once each make their own and the first renamed into place wins."""
+    try:
+        release = metadata.version("nvidia-pytriton")
+    except metadata.PackageNotFoundError:  # an NGC container: its tritonserver needs no copy
+        release = ""
+    key = hashlib.sha1(f"{sys.executable} {release}".encode()).hexdigest()[:10]
     home = Path(tempfile.gettempdir()) / f"bls-tritonserver-{os.getuid()}-{key}"
     if not home.is_dir():
         fresh = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 from docblocks import REPO, commands, run_block, user_checkout
 
+from bls_pipeline.serve.server import free_port
 from bls_pipeline.tools import perf
 
 pytestmark = pytest.mark.integration
@@ -163,3 +169,37 @@ def test_compare_measures_each_target_with_both_tools(perf_analyzer, model_repo,
     assert bench["errors"] == 0 and bench["images_per_s"] > 0 and pa["images_per_s"] > 0
     assert pa["server_compute_ms"] > 0 and pa["p50_ms"] <= pa["p99_ms"]
     assert "| ensemble_resnet50 | 2 |" in (out / "compare.md").read_text()
+
+
+def test_bls_tritonserver_is_a_plain_tritonserver(model_repo, tmp_path):
+    """What Model Analyzer's local launch mode starts (scripts/model-analyzer.yaml): it takes
+    tritonserver's own flags, finds the python backend, and is tritonserver itself (exec):
+    Model Analyzer signals that pid and reads its memory."""
+    ports = [free_port() for _ in range(3)]
+    command = [str(Path(sys.executable).parent / "bls-tritonserver"), f"--model-repository={model_repo}",
+               "--model-control-mode=explicit", "--load-model=image_quality",
+               *[f"--{kind}-{what}" for kind, port in zip(("http", "grpc", "metrics"), ports)
+                 for what in ("address=127.0.0.1", f"port={port}")]]
+    with open(tmp_path / "tritonserver.log", "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _ready(f"http://127.0.0.1:{ports[0]}/v2/models/image_quality/ready"):
+            assert proc.poll() is None, (tmp_path / "tritonserver.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "image_quality not ready after 180 s"
+            time.sleep(0.5)
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == "tritonserver"
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
