@@ -136,7 +136,8 @@ def test_the_documented_commands_run_as_they_stand(perf_analyzer, model_repo, tm
     result = run_block(block, checkout)
     out = result.stdout
     assert result.returncode == 0, out[-4000:]
-    for line in ("Concurrency: 1, throughput:", "Concurrency: 2, throughput:", "Request Rate: 5", "Request Rate: 4"):
+    for line in ("Concurrency: 1, throughput:", "Concurrency: 2, throughput:", "Concurrency: 4, throughput:",
+                 "Request Rate: 5", "Request Rate: 4"):
         assert line in out, line
     assert out.count("Successfully read data for 1 stream/streams with 12 step/steps") == 3  # bls-bench's set, checked
     direct = json.loads((checkout / "build" / "perf" / "direct.json").read_text())["validation_data"]
