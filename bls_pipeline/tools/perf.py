@@ -243,20 +243,26 @@ def _compare_main(args: argparse.Namespace) -> int:
                             continue
                         point = _point(target, c, row)
                     runs.setdefault((tool, target, c), {})[r] = point
+                _write(args, runs, unstable, targets, concurrency)  # after every point: a run cut short keeps its rounds
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report = _report(runs, targets, concurrency)
-    args.out.mkdir(parents=True, exist_ok=True)
+    print(_write(args, runs, unstable, targets, concurrency))
+    print(f"wrote {args.out}/compare.json, compare.md")
+    return 0
+
+
+def _write(args: argparse.Namespace, runs: dict, unstable: list, targets: list[str], concurrency: list[int]) -> str:
+    """compare.json (every round of each tool) and compare.md (the table) as they stand."""
     meta = {"protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
-            "images": len(images), "perf_analyzer_window_ms": int(args.duration * 1000), "stability_percentage": args.stability,
+            "perf_analyzer_window_ms": int(args.duration * 1000), "stability_percentage": args.stability,
             "perf_analyzer_unstable": unstable}
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps(
         {"meta": meta, "runs": {f"{tool} {t} c={c}": {r: asdict(p) for r, p in ps.items()} for (tool, t, c), ps in runs.items()}},
         indent=2))
+    report = _report(runs, targets, concurrency)
     (args.out / "compare.md").write_text(report)
-    print(report)
-    print(f"wrote {args.out}/compare.json, compare.md")
-    return 0
+    return report
 
 
 def _no_shedding(repo: Path, models: set[str]) -> None:
