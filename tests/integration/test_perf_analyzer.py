@@ -82,8 +82,9 @@ def test_classify_bls_answers_checked_route_by_route(server, perf_analyzer, repo
                  + ["--bench-set", "--expect", "ROUTE", "--url", server.grpc_url])
     routes = [v["ROUTE"][0] for v in json.loads(data.read_text())["validation_data"]]
     assert routes[:4] == ["resnet50_onnx:escalated"] * 2 + ["efficientnet_lite0_onnx:confident"] * 2, routes
-    out = _checked_run(server, perf_analyzer, "classify_bls", "grpc", data, "--concurrency-range", "2")
-    assert "Concurrency: 2, throughput:" in out
+    # One in flight: past 250 ms of queue classify_bls sheds (503), and perf_analyzer stops at a 503.
+    out = _checked_run(server, perf_analyzer, "classify_bls", "grpc", data, "--concurrency-range", "1")
+    assert "Concurrency: 1, throughput:" in out
 
 
 def test_a_wrong_answer_fails_the_run(server, perf_analyzer, repo_root, tmp_path):
@@ -113,7 +114,7 @@ def test_over_http_the_server_counts_every_answer_a_success(server, perf_analyze
     fixed-shape output at all)."""
     data = _data(tmp_path, "images", [str(repo_root / "samples"), "--bench-set"])
     assert len(json.loads(data.read_text())["data"]) == 12  # 6 JPEGs and their mirrors
-    _checked_run(server, perf_analyzer, model, "http", data, "--concurrency-range", "2")
+    _checked_run(server, perf_analyzer, model, "http", data, "--concurrency-range", "1")
 
 
 def test_without_the_admin_key_it_stops_at_the_config(server, perf_analyzer, repo_root, tmp_path):
@@ -137,7 +138,7 @@ def test_the_documented_commands_run_as_they_stand(perf_analyzer, model_repo, tm
     out = result.stdout
     assert result.returncode == 0, out[-4000:]
     for line in ("Concurrency: 1, throughput:", "Concurrency: 2, throughput:", "Concurrency: 4, throughput:",
-                 "Request Rate: 5", "Request Rate: 4"):
+                 "Request Rate: 3", "Request Rate: 4"):
         assert line in out, line
     assert out.count("Successfully read data for 1 stream/streams with 12 step/steps") == 3  # bls-bench's set, checked
     direct = json.loads((checkout / "build" / "perf" / "direct.json").read_text())["validation_data"]
