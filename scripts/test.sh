@@ -16,6 +16,8 @@ if [ "${1:-}" = "--quick" ]; then
   export BLS_TEST_QUICK=1  # test_smoke.py serves a repository of its own, EfficientNet-Lite0 alone
   exec .venv/bin/python -m pytest tests/unit tests/integration/test_smoke.py "$@"
 fi
+# perf_analyzer (tests/integration/test_perf_analyzer.py), in its own environment, .venv-perf.
+scripts/perf-tools.sh
 workers=${BLS_TEST_WORKERS:-3}
 if [ "$workers" = "0" ]; then
   exec .venv/bin/python -m pytest "$@"

@@ -39,15 +39,18 @@ from .paths import default_models
 from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
 from .watchdog import Watchdog
 
-__all__ = ["ServerOptions", "TritonServer", "free_port", "main"]
+__all__ = ["ServerOptions", "TritonServer", "embedded_command", "free_port", "main"]
 
 log = logging.getLogger(__name__)
 
 # Over gRPC, Triton looks for the key under the protocol-prefixed metadata name.
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
-# APIs a client never needs for inference; behind the key so a local process cannot
-# load arbitrary models, read configs or map shared memory.
-RESTRICTED_APIS = "model-repository,model-config,shared-memory"
+# APIs a client never needs for inference, behind the key (docs/deploy.md, "What the admin
+# key guards"): the writes (loading and unloading models, mapping shared memory, changing the
+# trace and log settings) and reading a model's full config (instances, queue limits, file
+# names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
+# Model Analyzer read the config, so they take the key (-H).
+RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
@@ -585,12 +588,25 @@ def _find_binary(workdir: Path, python: Path | None = None) -> _Binary:
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         raise RuntimeError(f"nvidia-pytriton ships no python backend stub for Python {version}")
-    # The backend folder must hold the stub for *this* Python next to libtriton_python.so.
+    # The backend folder must hold the stub for *this* Python next to libtriton_python.so
+    # (a workdir that has them already keeps them: a running tritonserver may have them mapped).
     backends = workdir / "backends"
-    shutil.copytree(root / "backends" / "python", backends / "python")
-    shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+    if not (backends / "python" / "triton_python_backend_stub").is_file():
+        shutil.copytree(root / "backends" / "python", backends / "python")
+        shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
     return _Binary(root / "bin" / "tritonserver", backends, env, is_embedded=True)
+
+
+def embedded_command(workdir: Path) -> tuple[list[str], dict[str, str]]:
+    """The tritonserver that bls-serve starts, as a plain command: the executable with the
+    flags it needs before any of yours (the embedded one's python backend, copied into
+    `workdir` with the stub for this Python, once) and its environment (this Python first on
+    PATH, so the models import this environment). For tools that start tritonserver
+    themselves: bls-tritonserver, Model Analyzer's local launch mode."""
+    binary = _find_binary(workdir)
+    backend = [] if binary.backend_dir is None else [f"--backend-directory={binary.backend_dir}"]
+    return [str(binary.executable), *backend], binary.env
 
 
 def _check_same_version(python: Path) -> None:

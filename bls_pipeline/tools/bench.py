@@ -669,3 +669,17 @@ def _synthetic_12mp(src: Path) -> bytes:
     buf = io.BytesIO()
     Image.open(src).convert("RGB").resize((4000, 3000), Image.BICUBIC).save(buf, "JPEG", quality=90)
     return buf.getvalue()
+
+
+# ---- for tools that measure bls-bench's targets another way (bls-perf compare) ----------
+def served_model(target: str) -> str:
+    """The model that `target`'s requests go to in bench_repository()'s copy."""
+    return _model(target)
+
+
+def repository_for(targets: list[str], src: Path, dst: Path) -> None:
+    """bench_repository(src, dst) with the variants `targets` need, as bls-bench makes it."""
+    engines = tuple(sorted({e[1] for t in targets if (e := _engine(t))}))
+    peers = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == PEER}))
+    in_process = tuple(sorted({e[1] for t in targets if (e := _engine(t)) and e[0] == IN_PROCESS}))
+    bench_repository(src, dst, False, engines, 1.0, peers, in_process)

@@ -104,7 +104,10 @@ def _http_admin(server, api: str, headers: dict[str, str]):
     method, path = {"repository": ("POST", "/v2/repository/index"),
                     "model-config": ("GET", "/v2/models/resnet50_onnx/config"),
                     "system-shared-memory": ("GET", "/v2/systemsharedmemory/status"),
-                    "cuda-shared-memory": ("GET", "/v2/cudasharedmemory/status")}[api]
+                    "cuda-shared-memory": ("GET", "/v2/cudasharedmemory/status"),
+                    # the settings' writes, changing nothing ({}): they answer the settings
+                    "trace": ("POST", "/v2/trace/setting"),
+                    "logging": ("POST", "/v2/logging")}[api]
     req = urllib.request.Request(f"http://{server.http_url}{path}", data=b"{}" if method == "POST" else None,
                                  method=method, headers=headers)
     try:
@@ -121,7 +124,9 @@ def _grpc_admin(server, api: str, headers: dict[str, str]):
         call = {"repository": lambda: client.get_model_repository_index(headers=headers, as_json=True),
                 "model-config": lambda: client.get_model_config("resnet50_onnx", headers=headers, as_json=True),
                 "system-shared-memory": lambda: client.get_system_shared_memory_status(headers=headers, as_json=True),
-                "cuda-shared-memory": lambda: client.get_cuda_shared_memory_status(headers=headers, as_json=True)}[api]
+                "cuda-shared-memory": lambda: client.get_cuda_shared_memory_status(headers=headers, as_json=True),
+                "trace": lambda: client.update_trace_settings(settings={}, headers=headers, as_json=True),
+                "logging": lambda: client.update_log_settings({}, headers=headers, as_json=True)}[api]
         try:
             return call()
         except InferenceServerException as exc:
@@ -130,7 +135,7 @@ def _grpc_admin(server, api: str, headers: dict[str, str]):
         client.close()
 
 
-ADMIN_APIS = ("repository", "model-config", "system-shared-memory", "cuda-shared-memory")
+ADMIN_APIS = ("repository", "model-config", "system-shared-memory", "cuda-shared-memory", "trace", "logging")
 
 
 def _allowed_answer(api: str, answer) -> bool:
@@ -139,6 +144,8 @@ def _allowed_answer(api: str, answer) -> bool:
         return "classify_bls" in names
     if api == "model-config":
         return (answer.get("config", answer))["name"] == "resnet50_onnx"
+    if api in ("trace", "logging"):
+        return ("trace_level" if api == "trace" else "log_verbose_level") in answer.get("settings", answer)
     return answer in ([], {}, {"regions": {}})  # no region registered
 
 
@@ -163,12 +170,17 @@ def test_grpc_admin_apis_need_the_key(server, api):
 
 
 def test_inference_apis_need_no_key(server):
+    """Metadata (names, tensors, shapes), inference, readiness and statistics: what a client
+    and a measuring tool read without the key."""
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/resnet50_onnx", timeout=10) as r:
         assert json.loads(r.read())["name"] == "resnet50_onnx"
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/resnet50_onnx/stats", timeout=10) as r:
+        assert json.loads(r.read())["model_stats"][0]["name"] == "resnet50_onnx"
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         assert client.get_model_metadata("resnet50_onnx", as_json=True)["name"] == "resnet50_onnx"
         assert client.is_model_ready("classify_bls")
+        assert client.get_inference_statistics("resnet50_onnx", as_json=True)["model_stats"][0]["name"] == "resnet50_onnx"
     finally:
         client.close()
 

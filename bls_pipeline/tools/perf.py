@@ -1,0 +1,347 @@
+"""`bls-perf`: Triton's own perf_analyzer on this project's models.
+
+`bls-perf data` writes perf_analyzer's --input-data file from images, each as one request's
+IMAGE (and, with --expect, validation_data: what a running server answers for each image now,
+which perf_analyzer then checks on every answer). `bls-perf compare` measures the same
+targets with bls-bench and with perf_analyzer, on one server, in one run, rounds interleaved.
+perf_analyzer itself comes from scripts/perf-tools.sh (docs/performance.md, "perf_analyzer").
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import json
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..contract import IMAGE
+from ..serve.client import check_server, find_images, tritonclient_module
+from ..serve.paths import checkout, default_models, default_samples
+
+__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "request_parameter", "run_perf_analyzer"]
+
+
+# ---- the input-data file -----------------------------------------------------------------
+def _serialized(data: bytes) -> str:
+    """One BYTES element as perf_analyzer reads it from base64: the tensor's serialized form,
+    a 4-byte little-endian length and then the bytes (without the length it reads the JPEG's
+    first 4 bytes as one)."""
+    return base64.b64encode(struct.pack("<I", len(data)) + data).decode("ascii")
+
+
+def input_data(images: list[bytes], expected: list[dict[str, list]] | None = None) -> dict:
+    """perf_analyzer's --input-data document: one request per image, sent in turn; with
+    `expected` (one entry per image), the validation_data it checks every answer against."""
+    document: dict = {"data": [{IMAGE.name: {"b64": _serialized(image)}} for image in images]}
+    if expected is not None:
+        if len(expected) != len(images):
+            raise ValueError(f"{len(expected)} expected answers for {len(images)} images")
+        document["validation_data"] = expected
+    return document
+
+
+def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], outputs: list[str],
+                     parameters: dict | None = None) -> list[dict[str, list]]:
+    """Each image's `outputs` as `model` at `url` answers it now (asked with the request
+    `parameters` perf_analyzer will send), in validation_data's form.
+
+    Fixed-shape outputs only: perf_analyzer 2.51 reads no shape for a validation tensor, and
+    refuses one whose shape has a -1 (LABELS, SCORES, CLASS_IDS). It compares bytes: an output
+    that carries floats (SCORES, JSON) can differ in its last digits with the batch it ran in."""
+    tc = tritonclient_module(protocol)
+    client = tc.InferenceServerClient(url)
+    try:
+        metadata = client.get_model_metadata(model, as_json=True) if protocol == "grpc" else client.get_model_metadata(model)
+        shapes = {o["name"]: [int(d) for d in o["shape"]] for o in metadata["outputs"]}
+        for name in outputs:
+            if name not in shapes:
+                raise ValueError(f"{model} has no output {name}; its outputs: {', '.join(shapes)}")
+            dims = shapes[name][1:] if shapes[name][:1] == [-1] else shapes[name]  # less the batch dimension
+            if -1 in dims:
+                raise ValueError(f"{model}'s {name} has a variable shape {shapes[name]}: perf_analyzer 2.51 validates "
+                                 "fixed-shape outputs only (ROUTE, TEXT, REGION_COUNT)")
+        others = dict(parameters or {})
+        timeout = others.pop("timeout", None)  # Triton's own: tritonclient sends it as timeout=, in µs
+        expected = []
+        for image in images:
+            tensor = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[image]], dtype=object))
+            result = client.infer(model, [tensor], outputs=[tc.InferRequestedOutput(name) for name in outputs],
+                                  parameters=others or None, timeout=timeout)
+            expected.append({name: _content(result.as_numpy(name)[0]) for name in outputs})
+        return expected
+    finally:
+        client.close()
+
+
+_TYPES = {"int": int, "bool": lambda v: {"true": True, "false": False}[v], "string": str}
+
+
+def request_parameter(text: str) -> tuple[str, object]:
+    """perf_analyzer's --request-parameter NAME:VALUE:TYPE (int, bool or string) as the
+    (name, value) it sends: both lowercased, as perf_analyzer 2.51 does."""
+    try:
+        name, value, kind = text.lower().split(":")
+        return name, _TYPES[kind](value)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME:VALUE:TYPE, TYPE int, bool or string "
+                                         "(skip_cascade:true:bool), as perf_analyzer takes it") from None
+
+
+def _content(values) -> list:
+    """One batch element of an output as validation_data's explicit content: text for BYTES
+    (UTF-8, as perf_analyzer serializes it back), numbers for the rest."""
+    flat = values.reshape(-1)
+    if flat.dtype == object:
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+    return flat.tolist()
+
+
+def _data_main(args: argparse.Namespace) -> int:
+    files = find_images(args.paths)
+    if args.bench_set:
+        from .bench import make_image_set
+
+        images = make_image_set([f for f in files if f.suffix.lower() in (".jpg", ".jpeg")])
+    else:
+        images = [f.read_bytes() for f in files]
+    if not images:
+        print(f"bls-perf data: error: no images in {' '.join(args.paths)}", file=sys.stderr)
+        return 2
+    expected = None
+    if args.expect:
+        url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
+        why = check_server(url, args.protocol, args.model)
+        if why:
+            print(f"bls-perf data: error: {why}", file=sys.stderr)
+            return 2
+        try:
+            expected = expected_outputs(url, args.protocol, args.model, images, args.expect.split(","),
+                                        dict(args.request_parameter))
+        except ValueError as exc:
+            print(f"bls-perf data: error: {exc}", file=sys.stderr)
+            return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(input_data(images, expected)))
+    checked = f", each answer's {args.expect} checked against {args.model}'s answers now" if expected else ""
+    print(f"wrote {args.out}: {len(images)} requests{checked}")
+    return 0
+
+
+# ---- running perf_analyzer ---------------------------------------------------------------
+def perf_analyzer_command(binary: str | None = None) -> list[str]:
+    """How to start perf_analyzer: `binary` if given, else through the checkout's
+    scripts/perf-tools.sh (which installs it once and gives it its libraries), else the
+    perf_analyzer on PATH."""
+    if binary:
+        return [binary]
+    root = checkout()
+    if root is not None and (root / "scripts" / "perf-tools.sh").is_file():
+        return [str(root / "scripts" / "perf-tools.sh"), "perf_analyzer"]
+    found = shutil.which("perf_analyzer")
+    if found is None:
+        raise FileNotFoundError("no perf_analyzer: in a checkout, scripts/perf-tools.sh installs it; elsewhere put "
+                                "tritonclient 2.51.0's perf_analyzer on PATH (with libcudart.so.12 and libb64 where it finds them)")
+    return [found]
+
+
+@dataclass
+class PerfPoint:
+    target: str
+    concurrency: int
+    images_per_s: float
+    p50_ms: float
+    p99_ms: float
+    server_queue_ms: float  # per request, as perf_analyzer reads Triton's statistics
+    server_compute_ms: float  # compute input + infer + output
+
+
+def run_perf_analyzer(command: list[str], model: str, url: str, protocol: str, input_file: Path, concurrency: int,
+                      window_ms: int, headers: dict[str, str], csv_file: Path, extra: tuple[str, ...] = ()) -> dict[str, float]:
+    """One closed-loop perf_analyzer point: its CSV row (latencies in µs) as numbers. Raises
+    RuntimeError with perf_analyzer's own last lines when it fails (an error answer, an
+    answer validation_data does not match, no stable measurement)."""
+    cmd = [*command, "-m", model, "-u", url, "-i", protocol, "--input-data", str(input_file),
+           "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms), "-f", str(csv_file),
+           *[arg for name, value in headers.items() for arg in ("-H", f"{name}:{value}")], *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not csv_file.is_file():
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+        raise RuntimeError(f"perf_analyzer on {model} at concurrency {concurrency} failed (exit {done.returncode}):\n{tail}")
+    with open(csv_file, newline="") as f:
+        row = next(csv.DictReader(f))
+    return {key: float(value) for key, value in row.items() if value not in ("", None)}
+
+
+def _point(target: str, concurrency: int, row: dict[str, float]) -> PerfPoint:
+    compute = sum(row.get(k, 0.0) for k in ("Server Compute Input", "Server Compute Infer", "Server Compute Output"))
+    return PerfPoint(target, concurrency, row["Inferences/Second"], row["p50 latency"] / 1e3, row["p99 latency"] / 1e3,
+                     row.get("Server Queue", 0.0) / 1e3, compute / 1e3)
+
+
+# ---- bls-perf compare: both tools, the same targets, one server, one run ------------------
+def _compare_main(args: argparse.Namespace) -> int:
+    from . import bench
+    from ..serve.server import ServerOptions, TritonServer
+
+    targets = [t for t in args.targets.split(",") if t]
+    unfit = [t for t in targets if t.startswith("classifier") or t in bench.REGION_TARGETS]
+    if unfit:
+        print(f"bls-perf compare: error: {unfit}: compare measures targets fed images (flows, the ensemble, peers)",
+              file=sys.stderr)
+        return 2
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    command = perf_analyzer_command(args.perf_analyzer)
+    workdir = Path(tempfile.mkdtemp(prefix="bls-perf-"))
+    runs: dict[tuple[str, str, int], dict[int, object]] = {}  # (tool, target, concurrency) -> round -> its point
+    unstable: list[tuple[int, str, int]] = []  # (round, target, concurrency) perf_analyzer could not measure
+    try:
+        repo = workdir / "models"
+        bench.repository_for(targets, args.model_repository, repo)
+        models = {t: bench.served_model(t) for t in targets}
+        _no_shedding(repo, set(models.values()))
+        server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=tuple(sorted(set(models.values())))))
+        missing = server.not_loaded(tuple(models.values()))
+        if missing:
+            print(f"bls-perf compare: error: cannot measure without {missing}", file=sys.stderr)
+            return 2
+        images = bench.make_image_set(sorted(args.images.glob("*.jpg")))
+        input_file = workdir / "images.json"
+        input_file.write_text(json.dumps(input_data(images)))
+        with server:
+            url = server.url(args.protocol)
+            headers = server.admin_headers_for(args.protocol)  # perf_analyzer reads each model's config
+            grid = [(r, c, t) for r in range(args.rounds) for c in concurrency for t in targets]
+            for n, (r, c, target) in enumerate(grid, 1):
+                print(f"[{n}/{len(grid)}] round {r + 1}, concurrency {c}, {target}", flush=True)
+                # Which tool goes first alternates by round: drift on a shared machine hits both alike.
+                for tool in (("bench", "perf_analyzer") if r % 2 == 0 else ("perf_analyzer", "bench")):
+                    if tool == "bench":
+                        point = bench.run_point(url, args.protocol, target, c, images, args.duration, args.warmup)
+                        if point.errors:
+                            raise RuntimeError(f"bls-bench: {point.errors} errors on {target} at concurrency {c}")
+                    else:
+                        try:
+                            row = run_perf_analyzer(command, models[target], url, args.protocol, input_file, c,
+                                                    int(args.duration * 1000), headers, workdir / f"pa-{n}.csv",
+                                                    ("--stability-percentage", str(args.stability)))
+                        except RuntimeError as exc:
+                            if "stable measurement" not in str(exc):
+                                raise
+                            print(f"  perf_analyzer found no 3 windows within {args.stability:g}%: no point this round")
+                            unstable.append((r, target, c))
+                            continue
+                        point = _point(target, c, row)
+                    runs.setdefault((tool, target, c), {})[r] = point
+                _write(args, runs, unstable, targets, concurrency)  # after every point: a run cut short keeps its rounds
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(_write(args, runs, unstable, targets, concurrency))
+    print(f"wrote {args.out}/compare.json, compare.md")
+    return 0
+
+
+def _write(args: argparse.Namespace, runs: dict, unstable: list, targets: list[str], concurrency: list[int]) -> str:
+    """compare.json (every round of each tool) and compare.md (the table) as they stand."""
+    meta = {"protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+            "perf_analyzer_window_ms": int(args.duration * 1000), "stability_percentage": args.stability,
+            "perf_analyzer_unstable": unstable}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "compare.json").write_text(json.dumps(
+        {"meta": meta, "runs": {f"{tool} {t} c={c}": {r: asdict(p) for r, p in ps.items()} for (tool, t, c), ps in runs.items()}},
+        indent=2))
+    report = _report(runs, targets, concurrency)
+    (args.out / "compare.md").write_text(report)
+    return report
+
+
+def _no_shedding(repo: Path, models: set[str]) -> None:
+    """queue_delay_target_ms 0 for each flow among `models` that sheds: past it a flow answers
+    503s to a closed loop that outgrows it, bls-bench counts them and perf_analyzer stops at
+    the first. Both tools measure capacity instead, the same config."""
+    from ..runtime.modelconfig import config_variant
+
+    for model in models:
+        config = repo / model / "config.pbtxt"
+        if '"queue_delay_target_ms"' in config.read_text():
+            config.write_text(config_variant(repo / model, model, {"queue_delay_target_ms": "0"}))
+
+
+def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[str], concurrency: list[int]) -> str:
+    """Per point, each tool's median round side by side, and the median over rounds of
+    perf_analyzer / bls-bench (each round's two measurements taken back to back)."""
+    lines = ["| target | c | bls-bench images/s | perf_analyzer images/s | PA / bench (median of rounds) | "
+             "p50 ms bench / PA | PA server queue / compute ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for target in targets:
+        for c in concurrency:
+            bench_runs, pa_runs = runs.get(("bench", target, c), {}), runs.get(("perf_analyzer", target, c), {})
+            both = sorted(set(bench_runs) & set(pa_runs))
+            if not both:
+                continue
+            b, p = _median(list(bench_runs.values())), _median(list(pa_runs.values()))
+            ratio = statistics.median(pa_runs[r].images_per_s / bench_runs[r].images_per_s for r in both)
+            lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} ({len(both)}) | "
+                         f"{b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _median(points: list):
+    return sorted(points, key=lambda p: p.images_per_s)[len(points) // 2]
+
+
+# ---- the command line --------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bls-perf", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("data", help="write perf_analyzer's --input-data file from images",
+                       description="Write perf_analyzer's --input-data JSON: one request per image (IMAGE, BYTES).")
+    d.add_argument("paths", nargs="+", metavar="FILE_OR_DIR")
+    d.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    d.add_argument("--bench-set", action="store_true",
+                   help="bls-bench's images instead of the files as they are: each JPEG cropped to 4:3 at 500x375, and its mirror")
+    d.add_argument("--expect", metavar="OUTPUTS",
+                   help="comma-separated fixed-shape outputs (ROUTE; TEXT,REGION_COUNT for read_text) to add as validation_data: "
+                        "what --model at --url answers for each image now; perf_analyzer then fails on any other answer")
+    d.add_argument("--request-parameter", type=request_parameter, action="append", default=[], metavar="NAME:VALUE:TYPE",
+                   help="with --expect: a request parameter to ask with, as perf_analyzer will send it (skip_cascade:true:bool)")
+    d.add_argument("--model", default="classify_bls", help="with --expect: the model to ask")
+    d.add_argument("--url", help="with --expect: the server (default 127.0.0.1:8001 for grpc, :8000 for http)")
+    d.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    c = sub.add_parser("compare", help="bls-bench and perf_analyzer on the same targets, one server, one run",
+                       description="Start one server on bls-bench's repository copy; measure each target at each "
+                                   "concurrency with bls-bench's client and with perf_analyzer (closed loop), rounds "
+                                   "interleaved; write compare.json and compare.md.")
+    c.add_argument("--targets", default="cascade@0.5,classify_bls,ensemble_resnet50",
+                   help="bls-bench's target names fed images (cascade@0.5, classify_bls, ensemble_resnet50, classify_peer@MODEL, ...)")
+    c.add_argument("--concurrency", default="1,8")
+    c.add_argument("--duration", type=float, default=8.0,
+                   help="bls-bench's measured seconds per point, and each perf_analyzer window (it needs 3 stable ones)")
+    c.add_argument("--warmup", type=float, default=2.0, help="bls-bench's seconds before measuring")
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--stability", type=float, default=25.0,
+                   help="perf_analyzer's --stability-percentage (10 by default there: rarely met on a shared machine)")
+    c.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    c.add_argument("--model-repository", type=Path, default=default_models())
+    c.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (bls-bench's set is made from them)")
+    c.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: through scripts/perf-tools.sh, else PATH)")
+    c.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results" / "perf")
+    args = p.parse_args(argv)
+    if args.command == "data":
+        return _data_main(args)
+    if args.model_repository is None or args.images is None:
+        p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
+    return _compare_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

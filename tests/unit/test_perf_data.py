@@ -1,0 +1,39 @@
+"""bls-perf's perf_analyzer input file and request parameters: the encodings perf_analyzer 2.51
+reads (tests/integration/test_perf_analyzer.py runs it on them)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import struct
+
+import pytest
+
+from bls_pipeline.tools.perf import input_data, request_parameter
+
+
+def test_a_bytes_element_is_its_length_then_its_bytes(sample_images):
+    images = [sample_images["mug"], b"x"]
+    document = input_data(images)
+    assert "validation_data" not in document
+    for entry, image in zip(document["data"], images):
+        raw = base64.b64decode(entry["IMAGE"]["b64"])
+        (length,) = struct.unpack("<I", raw[:4])
+        assert length == len(image) and raw[4:] == image
+
+
+def test_validation_data_goes_one_entry_per_image():
+    expected = [{"ROUTE": ["a:confident"]}, {"ROUTE": ["b:escalated"]}]
+    assert input_data([b"1", b"2"], expected)["validation_data"] == expected
+    with pytest.raises(ValueError, match="1 expected answers for 2 images"):
+        input_data([b"1", b"2"], expected[:1])
+
+
+def test_request_parameters_read_as_perf_analyzer_sends_them():
+    assert request_parameter("skip_cascade:true:bool") == ("skip_cascade", True)
+    assert request_parameter("Skip_Cascade:FALSE:bool") == ("skip_cascade", False)  # lowercased, as perf_analyzer does
+    assert request_parameter("timeout:500000:int") == ("timeout", 500000)
+    assert request_parameter("note:Hello:string") == ("note", "hello")
+    for bad in ("timeout:500000", "skip_cascade:yes:bool", "timeout:soon:int", "x:1:float"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME:VALUE:TYPE"):
+            request_parameter(bad)
