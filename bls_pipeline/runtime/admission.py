@@ -135,14 +135,17 @@ class RequestClock:
 
     @classmethod
     def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float],
-              slack: float = 0.0, late_cancel: Callable[[float], None] | None = None) -> "RequestClock":
+              slack: float = 0.0, late_cancel: Callable[[float], None] | None = None,
+              queued: bool = False) -> "RequestClock":
         """Each deadline counted from the earliest the request can have entered the queue (now
         less the wait bound), less `slack` (how much later than the client's own the runtime's
         estimates have turned out) and the answer's way back (RESPONSE_S)."""
         deadlines = np.array([now - wait + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
                               for r in requests], dtype=np.float64)
         made = cls(requests, deadlines, clock, late_cancel=late_cancel)
-        made.checked = np.full(len(requests), -math.inf)  # never asked yet
+        # queued: as good as asked now (Triton drops a request cancelled while it waited in its
+        # queue, so the first ask worth its round trip comes at the next stage); else never yet.
+        made.checked = np.full(len(requests), now if queued else -math.inf)
         return made
 
     def time_left(self, now: float | None = None) -> np.ndarray:
@@ -223,7 +226,8 @@ class Admission:
         now = self.clock()
         self._started = now
         wait = self.wait.started(now, len(requests))
-        return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel), wait
+        return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
+                                  queued=self.wait.max_batch_size is not None), wait
 
     def _late_cancel(self, left_s: float) -> None:
         """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC

@@ -49,7 +49,8 @@ def flow(batch: Batch, settings: ClassifySettings) -> Answer:
         raise NoModelReady
     answer.set(main, "direct")
     unsure = main.top1 < settings.tta_threshold
-    mirrored = batch.classify(main.model, rows=unsure, flip=True)
-    if mirrored is not None:
-        answer.set(main.mean(mirrored), "flip_tta")
+    if unsure.any():
+        mirrored = batch.classify(main.model, rows=unsure, flip=True)
+        if mirrored is not None:
+            answer.set(main.mean(mirrored), "flip_tta")
     return answer
