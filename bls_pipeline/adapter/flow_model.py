@@ -84,7 +84,7 @@ def flow_model(pb_utils: Any) -> type:
                 finally:
                     self.transport.trace = None
                 if not probing:
-                    self.metrics.record(timings)
+                    self.metrics.record(timings, answered=sum(isinstance(a, Prediction) for a in answers))
                 if self.runtime.runtime.log_executions:
                     log.info("%s", execution_line(self.runtime.name, self.instance, [requests[i].request_id() for i in part],
                                                   answers, timings, probe=probing))

@@ -57,7 +57,7 @@ class Execution:
                 decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
-                timings.reject(results[r], 1)
+                timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
             if decoded.errors:  # the failed requests' images leave the batch
                 self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
             self.owners = decoded.owners
