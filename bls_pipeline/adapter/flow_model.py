@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
-from ..runtime.children import TensorInfo
 from ..runtime.engine import FlowRuntime
 from ..runtime.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, UNAVAILABLE, ImageRequest, Prediction
-from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
+from .glue import bridge_logging, declared_outputs, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
 from .transport import TritonTransport
 
@@ -45,7 +44,7 @@ def flow_model(pb_utils: Any) -> type:
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=_declared_outputs(args))
+                                            outputs=declared_outputs(args))
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
@@ -121,13 +120,6 @@ def execution_line(flow: str, instance: str, request_ids: list[str], results: li
                      for child, st in timings.children.items()},
     }
     return json.dumps(record, separators=(",", ":"))
-
-
-def _declared_outputs(args: dict) -> list[TensorInfo]:
-    """The model's outputs as Triton serves them (its config, as loaded)."""
-    config = json.loads(args["model_config"])
-    return [TensorInfo(o["name"], o["data_type"].replace("TYPE_", ""), tuple(int(d) for d in o.get("dims", [])))
-            for o in config.get("output", [])]
 
 
 def _read(pb_utils: Any, request: Any) -> ImageRequest:

@@ -108,6 +108,24 @@ def test_a_child_output_of_the_wrong_dtype_is_internal_naming_it(server, protoco
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_function_child_called_directly_refuses_its_own_broken_output(server, protocol):
+    """No flow in between: the function model checks what its function returned against its
+    config (a client calling it directly got a 200 with 10 scores instead of 1000)."""
+    tc = tritonclient_module(protocol)
+    client = tc.InferenceServerClient(server.url(protocol))
+    try:
+        pixels = tc.InferInput("input", [2, 3, 224, 224], "FP32")
+        pixels.set_data_from_numpy(np.zeros((2, 3, 224, 224), np.float32))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("broken_shape", [pixels])
+    finally:
+        client.close()
+    assert caught.value.status() == _status(protocol, BROKEN)
+    assert ("broken_shape returned output with shape (2, 10) for a batch of 2; its config.pbtxt declares dims [1000], "
+            "so expected (2, 1000) (function broken.py:wrong_shape)") in caught.value.message()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_flow_that_raises_is_internal_and_tells_no_secret(server, protocol):
     error = _failure(server, protocol, "raising_flow", [_jpeg(), _jpeg()])
     assert error.status() == _status(protocol, BROKEN)
