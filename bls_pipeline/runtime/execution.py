@@ -81,6 +81,10 @@ class Execution:
         """A call found no candidate READY (and waits no longer): the role NoModelReady names."""
         self._unready = role
 
+    def tried_models(self) -> tuple[str, ...]:
+        """The candidates this execute()'s calls tried, in order."""
+        return tuple(self._tried)
+
     def unready_role(self) -> str:
         return self._unready or "no_model_ready"
 
