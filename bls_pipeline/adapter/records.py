@@ -6,8 +6,8 @@ The parts of an execute(), in order, each timed here, so that together they cove
     read         the requests' inputs read (pb_utils to numpy), users' and probes'
     decode_preprocess, flow (child_calls inside it), answers (request checks, top-k, the
                  answers built): the users' requests through the runtime
-    probes       the watchdog's probes that came in the same execute(): the users' responses
-                 wait for them
+    probes       the watchdog's probes that came in the same execute() and were run (the
+                 users' responses wait for them): only when no user's request was answered
     metrics      the users' counts added for the metrics' flusher
     responses    the pb_utils responses built
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -87,7 +88,7 @@ def execution_record(flow: str, instance: str, times: ExecuteTimes, t1_ns: int, 
     ids = [rid or f"#{i}" for i, rid in enumerate(request_ids)]
     children = {} if timings is None else timings.children
     return {
-        "event": "bls_execute", "flow": flow, "instance": instance, "t0_ns": times.t0_ns, "t1_ns": t1_ns,
+        "event": "bls_execute", "flow": flow, "instance": instance, "pid": os.getpid(), "t0_ns": times.t0_ns, "t1_ns": t1_ns,
         "requests": ids, "probes": probes,
         "images": sum(len(r.routes) for r in results if isinstance(r, Prediction)),
         "failed": {rid: r.code for rid, r in zip(ids, results) if not isinstance(r, Prediction)},

@@ -95,9 +95,9 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
     parts.append(_part("flow's own code", max(0.0, ms.get("flow", 0.0) - ms.get("child_calls", 0.0)),
                        "the flow less its child calls' wall time (calls sent together overlap)", level=1))
     parts.append(_part("answers", ms.get("answers", 0.0), "request checks, top-k, the answers"))
-    if record["probes"]:
-        parts.append(_part("probes", ms.get("probes", 0.0),
-                           f"{record['probes']} watchdog probe(s) in the same execute(): the responses waited for them"))
+    if "probes" in ms:  # run beside the users' requests (none of theirs answered)
+        parts.append(_part("probes", ms["probes"],
+                           f"{record['probes']} watchdog probe(s) run in the same execute(): the responses waited for them"))
     parts.append(_part("metrics", ms.get("metrics", 0.0), "counts handed to the metrics' flusher"))
     parts.append(_part("responses", ms.get("responses", 0.0), "pb_utils responses built"))
     in_execute = sum(p["ms"] for p in parts[1:] if p["level"] == 0)

@@ -4,6 +4,7 @@ joins with Triton's traces, on request ids or on the execute()'s CLOCK_MONOTONIC
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -30,7 +31,7 @@ def test_one_record_names_every_request_the_failed_ones_and_whose_trace_the_call
     text = line(record)
     assert "\n" not in text and json.loads(text) == record
     assert record == {
-        "event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "t0_ns": times.t0_ns,
+        "event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": os.getpid(), "t0_ns": times.t0_ns,
         "t1_ns": times.t0_ns + 300_000_000, "requests": ["a", "#1"], "probes": 1, "images": 2,
         "failed": {"#1": "INVALID_ARGUMENT"}, "child_calls_traced_with": "a", "ms": times.ms,
         "children": {"resnet50_onnx": {"calls": 1, "images": 2, "ms": 200.0, "in_process": False},
