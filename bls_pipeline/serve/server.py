@@ -240,11 +240,14 @@ class TritonServer:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
         self.ready_for = self._ready_for(plan)
         _check_ports_free(opts)
-        env = {**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby)}
-        self.states = ModelStates(self.admin, self._workdir / "model-states.json" if opts.status_port else None)
+        # The flows read the model states (a failed load: INTERNAL), kept current by the watchdog's
+        # rounds and the status port's.
+        self.states = ModelStates(self.admin, self._workdir / "model-states.json")
+        env = {**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby),
+               MODEL_STATES_ENV: str(self.states.path)}
         traces = self._tracing()
         if opts.status_port:
-            env.update({MODEL_STATES_ENV: str(self.states.path), EXECUTIONS_ENV: str(self._workdir / "executions.sock")})
+            env[EXECUTIONS_ENV] = str(self._workdir / "executions.sock")
             self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
                                        own_traces=opts.trace_file is None, records_path=self._workdir / "executions.sock",
                                        ready_for=self.ready_for, watchdog=lambda: self.watchdog)

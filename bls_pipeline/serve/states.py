@@ -84,8 +84,12 @@ class ModelStates:
         if self.path is None or states == self._written:
             return
         part = self.path.with_name(f".{self.path.name}.part")
-        part.write_text(json.dumps(states))
-        os.replace(part, self.path)  # the flows read a whole file, old or new
+        try:
+            part.write_text(json.dumps(states))
+            os.replace(part, self.path)  # the flows read a whole file, old or new
+        except OSError as exc:  # its folder gone with a stopped server
+            log.debug("model states not written: %s", exc)
+            return
         self._written = states
 
 

@@ -157,7 +157,10 @@ class StatusServer:
     # ---- what feeds it ---------------------------------------------------------------------
     def _collect(self) -> None:
         while not self._halt.wait(self._interval):
-            self.collect()
+            try:
+                self.collect()
+            except Exception as exc:  # noqa: BLE001 - a trace that breaks the reader is skipped, the reader goes on
+                log.warning("reading Triton's traces failed: %s", exc)
 
     def collect(self) -> None:
         """Read the trace files written since the last look (the thread's loop; a test's call)."""
@@ -199,7 +202,10 @@ class StatusServer:
 
     def _watch_states(self) -> None:
         while not self._halt.wait(self._states_every):
-            self.states.refresh()
+            try:
+                self.states.refresh()
+            except Exception as exc:  # noqa: BLE001 - the next look tries again
+                log.warning("reading the model states failed: %s", exc)
 
     # ---- what it answers -------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
