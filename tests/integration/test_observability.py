@@ -236,6 +236,23 @@ def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
     assert top == pytest.approx(found["compute_ms"], rel=0.05)
 
 
+def test_log_executions_is_switched_on_at_run_time(kept, sample_images):
+    """bls-explain --log-executions on FLOW: the flow loaded anew with it, no request lost,
+    and its execute() lines in the server log from then on."""
+    explain = [str(Path(sys.executable).parent / "bls-explain"), "--url", kept.http_url, "--admin-key", kept.options.admin_key]
+    log = Path(kept.options.log_file)
+    done = subprocess.run([*explain, "--log-executions", "on", GOOD_FLOW], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == f"{GOOD_FLOW}: log_executions on\n", done.stdout + done.stderr
+    try:
+        assert kept.admin.config(GOOD_FLOW)["parameters"]["log_executions"]["string_value"] == "true"
+        assert _infer(kept, "http", GOOD_FLOW, sample_images["mug"], request_id="logged-1") is None
+        _eventually(lambda: '"requests":["logged-1"]' in log.read_text(errors="replace").replace('\\"', '"'),
+                    what="the execute() line in the log")
+    finally:
+        subprocess.run([*explain, "--log-executions", "off", GOOD_FLOW], capture_output=True, text=True, timeout=300)
+    assert kept.admin.config(GOOD_FLOW)["parameters"]["log_executions"]["string_value"] == "false"
+
+
 # ---- bls-serve as a process -------------------------------------------------------------------
 
 def _bls_serve(repo: Path, *args: str) -> subprocess.Popen:
