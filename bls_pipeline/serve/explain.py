@@ -70,7 +70,7 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
         out["covered"] = None
         return out
     ms = record["ms"]
-    out["execute"] = {"instance": record["instance"], "requests": record["requests"], "probes": record["probes"],
+    out["execute"] = {"instance": record["instance"], "pid": record.get("pid"), "requests": record["requests"], "probes": record["probes"],
                       "images": record["images"], "child_calls_traced_with": record["child_calls_traced_with"]}
     # Top-level parts (level 0) follow each other and sum to the compute; the flow's details
     # (level 1: its child calls, which may overlap, and its own code) lie within the flow.

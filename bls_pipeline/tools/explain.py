@@ -53,7 +53,8 @@ def render(found: dict) -> str:
         return "\n".join(lines + ["  refused by Triton's queue (full, or its timeout): the model never saw it"])
     lines.append(f"  {'queue':34s}{found['queue_ms']:>10,.1f} ms  waiting for an instance")
     execute = found.get("execute")
-    where = (f"{execute['instance']}, one execute() of {len(execute['requests'])} request(s) and {execute['probes']} "
+    pid = f" (pid {execute['pid']})" if execute and execute.get("pid") else ""
+    where = (f"{execute['instance']}{pid}, one execute() of {len(execute['requests'])} request(s) and {execute['probes']} "
              f"probe(s), {execute['images']} image(s) answered" if execute else "")
     lines.append(f"  {'compute':34s}{found['compute_ms']:>10,.1f} ms  {where}")
     for part in found["parts"]:

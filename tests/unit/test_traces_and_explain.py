@@ -13,6 +13,7 @@ import pytest
 from bls_pipeline.serve.explain import explain, slowest
 from bls_pipeline.serve.status import LATENCY_BOUNDS, Histogram
 from bls_pipeline.serve.traces import TraceFiles, parse
+from bls_pipeline.tools.explain import render
 
 MS = 1_000_000
 
@@ -67,11 +68,11 @@ def test_a_file_that_never_parses_is_given_up(tmp_path):
 
 
 def _record(t0: int, t1: int, requests: list[str], probes: int = 0) -> dict:
-    return {"event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "t0_ns": t0, "t1_ns": t1,
+    return {"event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": 4242, "t0_ns": t0, "t1_ns": t1,
             "requests": requests, "probes": probes, "images": len(requests), "failed": {},
             "child_calls_traced_with": requests[0],
             "ms": {"read": 0.5, "decode_preprocess": 10.0, "flow": 60.0, "child_calls": 55.0, "answers": 2.0,
-                   "probes": 20.0 if probes else 0.0, "metrics": 0.5, "responses": 1.0},
+                   **({"probes": 20.0} if probes else {}), "metrics": 0.5, "responses": 1.0},
             "children": {"resnet50_onnx": {"calls": 1, "images": 2, "ms": 55.0, "in_process": False}}}
 
 
@@ -124,3 +125,22 @@ def test_the_latency_bounds_are_fine_enough_for_a_quantile_within_a_few_percent(
     assert LATENCY_BOUNDS[0] == 0.001 and LATENCY_BOUNDS[-1] == 82.0 and len(LATENCY_BOUNDS) == 60
     assert max(b / a for a, b in zip(LATENCY_BOUNDS, LATENCY_BOUNDS[1:])) <= 1.25 + 1e-9
     assert all(math.isfinite(b) for b in LATENCY_BOUNDS)
+
+
+def test_bls_explain_prints_each_part_under_the_compute_with_the_stubs_pid():
+    start = 1_000 * MS
+    traces = parse(json.dumps(_entries(2, "classify_bls", "req-0", _request(start, 5 * MS, 96 * MS))))
+    text = render(explain(traces[0], [_record(start + 6 * MS, start + 100 * MS, ["req-0"])], traces))
+    lines = text.splitlines()
+    assert lines[0] == "classify_bls request req-0 (trace 2): 101.0 ms in Triton"
+    assert lines[2].startswith("  compute") and "classify_bls_0_1 (pid 4242), one execute() of 1 request(s)" in lines[2]
+    assert [ln.split()[0] for ln in lines[3:6]] == ["to", "read", "decode_preprocess"]
+    assert any(ln.startswith("      child resnet50_onnx") for ln in lines)  # within the flow, indented under it
+    # 94 ms of execute(), 74 of them in its parts: 20 unmeasured, and the share of the compute says so.
+    assert [ln.split()[-1] for ln in lines if "unmeasured" in ln] == ["took"] and "20.0" in next(ln for ln in lines if "unmeasured" in ln)
+    assert lines[-2] == "    (the measured parts: 79.2% of the compute)" and lines[-1].startswith("  response")
+
+
+def test_bls_explain_says_when_triton_refused_a_request():
+    (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", {"REQUEST_START": 0, "QUEUE_START": 5})))
+    assert render(explain(trace, [])).splitlines()[1] == "  refused by Triton's queue (full, or its timeout): the model never saw it"
