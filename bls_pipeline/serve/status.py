@@ -115,7 +115,8 @@ class StatusServer:
         self._files = TraceFiles(trace_prefix, remove=own_traces)
         self._records_path = Path(records_path)
         self._interval, self._states_every = interval_s, states_every_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the histograms, counts and kept traces and records
+        self._collecting = threading.Lock()  # one reader of the trace files at a time (the thread's, /requests')
         self._requests: dict[str, Histogram] = {}
         self._queues: dict[str, Histogram] = {}
         self._refused: dict[str, int] = {}
@@ -163,15 +164,21 @@ class StatusServer:
                 log.warning("reading Triton's traces failed: %s", exc)
 
     def collect(self) -> None:
-        """Read the trace files written since the last look (the thread's loop; a test's call)."""
-        try:
-            traces = self._files.read_new()
-        except OSError as exc:  # the folder went with a stopped server
-            log.debug("trace files not read: %s", exc)
-            return
+        """Read the trace files written since the last look (the thread's loop, and /requests first)."""
+        with self._collecting:
+            try:
+                traces = self._files.read_new()
+            except OSError as exc:  # the folder went with a stopped server
+                log.debug("trace files not read: %s", exc)
+                return
+            self._count(traces)
+
+    def _count(self, traces: list[RequestTrace]) -> None:
         with self._lock:
             for trace in traces:
-                if trace.request_id == PROBE_REQUEST_ID or not trace.model:
+                # Users' requests: not the watchdog's probes, nor a flow's child call (written
+                # apart from its caller's trace).
+                if trace.request_id == PROBE_REQUEST_ID or not trace.model or trace.parent_id is not None:
                     continue
                 if trace.refused:
                     self._refused[trace.model] = self._refused.get(trace.model, 0) + 1

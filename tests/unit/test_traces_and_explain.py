@@ -144,3 +144,29 @@ def test_bls_explain_prints_each_part_under_the_compute_with_the_stubs_pid():
 def test_bls_explain_says_when_triton_refused_a_request():
     (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", {"REQUEST_START": 0, "QUEUE_START": 5})))
     assert render(explain(trace, [])).splitlines()[1] == "  refused by Triton's queue (full, or its timeout): the model never saw it"
+
+
+def test_the_status_port_counts_users_requests_and_triton_s_refusals_only(tmp_path):
+    """A user's request, the watchdog's probe, a child call written apart from its caller and a
+    request Triton's queue refused: the histogram counts the first, the refusals the last."""
+    from bls_pipeline.serve.admin import RepositoryAdmin
+    from bls_pipeline.serve.states import ModelStates
+    from bls_pipeline.serve.status import StatusServer
+
+    files = [_entries(1, "classify_bls", "user", _request(0, MS, 40 * MS)),
+             _entries(2, "classify_bls", "bls_probe", _request(0, MS, 40 * MS)),
+             _entries(3, "resnet50_onnx", "", _request(0, MS, 30 * MS), parent=99),
+             _entries(4, "classify_bls", "late", {"REQUEST_START": 0, "QUEUE_START": 5})]
+    for i, entries in enumerate(files):
+        (tmp_path / f"trace.json.{i}").write_text(json.dumps(entries))
+    status = StatusServer("127.0.0.1", 0, ModelStates(RepositoryAdmin("127.0.0.1:1", "key")), "127.0.0.1:1",
+                          tmp_path / "trace.json", own_traces=True, records_path=tmp_path / "records.sock",
+                          ready_for=("classify_bls",))
+    status.collect()
+    text = status.metrics()
+    assert 'bls_request_duration_seconds_count{model="classify_bls"} 1' in text
+    assert 'bls_request_duration_seconds_bucket{model="classify_bls",le="0.047"} 1' in text  # 41.05 ms
+    assert 'bls_request_duration_seconds_bucket{model="classify_bls",le="0.039"} 0' in text
+    assert "resnet50_onnx" not in text
+    assert 'bls_refused_requests_total{model="classify_bls"} 1' in text
+    assert list(tmp_path.glob("trace.json.*")) == []  # its own folder: read and removed
