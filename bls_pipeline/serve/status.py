@@ -136,7 +136,9 @@ class StatusServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         self._socket.settimeout(0.2)
         handler = type("Handler", (_Handler,), {"status": self})
-        self._http = ThreadingHTTPServer((self.host, self.port), handler)
+        server = ThreadingHTTPServer if ":" not in self.host else type("Server6", (ThreadingHTTPServer,),
+                                                                        {"address_family": socket.AF_INET6})
+        self._http = server((self.host, self.port), handler)
         self._http.daemon_threads = True
         for target, name in ((self._http.serve_forever, "bls-status-http"), (self._collect, "bls-status-traces"),
                              (self._receive, "bls-status-records"), (self._watch_states, "bls-status-states")):
