@@ -47,11 +47,11 @@ class ModelStates:
         for entry in index:
             if "state" in entry:  # a model of the repository never loaded has none
                 states[entry["name"]] = {"state": entry["state"], "reason": entry.get("reason", "")}
-        with self._lock:
+        with self._lock:  # the watchdog's rounds and the status port's refresh: one at a time
             self.states = states
             for gone in [m for m in self._configs if states.get(m, {}).get("state") != "READY"]:
                 del self._configs[gone]  # its config is read again when it is READY again
-        self._write(states)
+            self._write(states)
         return states
 
     def failed(self) -> dict[str, str]:
