@@ -68,7 +68,7 @@ def test_main_job_classifies_the_samples(model_repo, repo_root, tmp_path):
     triage = proc.stdout.split("== triage_bls over GRPC")[1]
     assert re.search(r"night\.png\s+-\s+\(no label\)\s+image_quality:too_dark", triage), triage
     assert re.search(r"blank\.png\s+-\s+\(no label\)\s+image_quality:blank", triage), triage
-    assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_onnx:alone", triage), triage
+    assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_(onnx|int8):alone", triage), triage
     # read_text: the sign's three lines read, the upside-down one turned round first; the
     # same over both protocols.
     read_http, read_grpc = (proc.stdout.split(f"== read_text over {p}")[1].split("\n== ")[0].split("\n", 1)[1]
