@@ -7,8 +7,9 @@ it is (classify_bad), and good flows beside them.
   naming the load error (not 503, the retry-later code); fixed, it answers again;
 - bls-serve's /ready follows the models named, and Triton's strict readiness does not recover;
 - the watchdog probes a model loaded later through the repository API, and brings it back;
-- bls-serve's latency histogram counts users' requests exactly (the probes left out), and
-  bls-explain accounts for a request's compute part by part;
+- bls-serve's latency histogram counts users' requests exactly (the probes left out), it counts
+  the requests Triton's queue refused (Triton counts them nowhere), and bls-explain accounts
+  for a request's compute part by part;
 - bls-serve as a process names what failed and serves (--fail-fast: exits 2)."""
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from bls_pipeline.runtime.modelconfig import config_variant
+from google.protobuf import text_format
+
+from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient, tritonclient_module
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
 pytestmark = pytest.mark.integration
 
-BAD, BAD_FLOW, GOOD_FLOW = "resnet50_bad", "classify_bad", "classify_bls_resnet50"
+BAD, BAD_FLOW, GOOD_FLOW, TINY_QUEUE = "resnet50_bad", "classify_bad", "classify_bls_resnet50", "classify_tiny_queue"
 MISMATCH = ("model resnet50_bad: output output: its config.pbtxt declares TYPE_FP32 dims [1000], max_batch_size 32, "
             "and model.onnx has FP32 [-1, 10]")
 
@@ -61,6 +64,12 @@ def broken_repo(model_repo, tmp_path_factory) -> Path:
     _tiny_onnx(repo / BAD / "1" / "model.onnx", 10)
     shutil.copytree(repo / GOOD_FLOW, repo / BAD_FLOW)
     (repo / BAD_FLOW / "config.pbtxt").write_text(config_variant(repo / GOOD_FLOW, BAD_FLOW, {"classifiers": BAD}))
+    # One instance, room for one request in the queue: the rest of a burst is refused by Triton.
+    shutil.copytree(repo / GOOD_FLOW, repo / TINY_QUEUE)
+    config = text_format.Parse(config_variant(repo / GOOD_FLOW, TINY_QUEUE, {}), ModelConfig())
+    config.instance_group[0].count = 1
+    config.dynamic_batching.default_queue_policy.max_queue_size = 1
+    (repo / TINY_QUEUE / "config.pbtxt").write_text(text_format.MessageToString(config))
     return repo
 
 
@@ -69,7 +78,7 @@ def kept(broken_repo, tmp_path_factory):
     """The server that serves what loads (fail_fast off), watchdog every 0.5 s, status port on."""
     logs = tmp_path_factory.mktemp("observability-logs")
     server = TritonServer(ServerOptions.on_free_ports(
-        broken_repo, logs / "tritonserver.log", models=(BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape"), fail_fast=False,
+        broken_repo, logs / "tritonserver.log", models=(BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape", TINY_QUEUE), fail_fast=False,
         status_port=free_port(), watchdog_interval_s=0.5))
     server.start()
     yield server
@@ -136,7 +145,7 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
     """Triton's strict readiness stays 400 after one failed load, even once that model is
     unloaded; bls-serve's /ready follows the named models: a flow whose last probe failed is
     not ready, and is again when its child is fixed."""
-    assert kept.ready_for == (BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape")
+    assert kept.ready_for == (BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape", TINY_QUEUE)
     ready = f"{kept.status_url}/ready"
     kept.unload_model(BAD)
     with pytest.raises(Exception):  # the repository API's load of the broken model fails
@@ -215,6 +224,42 @@ def test_the_latency_histogram_counts_users_requests_and_not_the_probes(kept, sa
     text = _get(f"{kept.status_url}/metrics")[1]
     assert "# TYPE bls_request_duration_seconds histogram" in text
     assert re.search(rf'^bls_request_duration_seconds_bucket\{{model="{GOOD_FLOW}",le="\+Inf"\}} ', text, re.M)
+
+
+def test_the_requests_tritons_queue_refused_are_counted_where_triton_counts_none(kept, sample_images):
+    """A burst at a flow with room for one request in its queue: every request its client saw
+    refused with Triton's "Exceeds maximum queue size" is in bls_refused_requests_total, and in
+    neither of Triton's own counters."""
+    import threading
+
+    def count(url: str, metric: str) -> float:
+        text = _get(url)[1]
+        return sum(float(v) for v in re.findall(rf'^{metric}\{{[^}}]*model="{TINY_QUEUE}"[^}}]*\}} (\S+)$', text, re.M))
+
+    status, triton = f"{kept.status_url}/metrics", kept.metrics_url
+    before = {m: count(u, m) for u, m in ((status, "bls_refused_requests_total"), (triton, "nv_inference_request_failure"),
+                                          (triton, "nv_inference_request_success"))}
+    errors: list[str] = []
+    start = threading.Barrier(8)
+
+    def send(i: int) -> None:
+        start.wait()
+        error = _infer(kept, "grpc" if i % 2 else "http", TINY_QUEUE, sample_images["mug"], request_id=f"burst-{i}")
+        if error is not None:
+            errors.append(error.message())
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    refused = [e for e in errors if "Exceeds maximum queue size" in e]
+    assert refused and len(refused) == len(errors), errors
+    _eventually(lambda: count(status, "bls_refused_requests_total") - before["bls_refused_requests_total"] == len(refused),
+                what=f"{len(refused)} refusals counted")
+    assert count(triton, "nv_inference_request_failure") == before["nv_inference_request_failure"]
+    # (the watchdog's probes of it count among the successes too)
+    assert count(triton, "nv_inference_request_success") - before["nv_inference_request_success"] >= 8 - len(refused)
 
 
 def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
