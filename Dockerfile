@@ -1,6 +1,6 @@
 # classify_bls on a GPU machine: NGC Triton (TensorRT + python backends).
 #   docker build -t classify-bls .            (add --build-arg WEIGHTS=/opt/bls/my.pth for your own)
-#   docker run --gpus all --shm-size 1g -p 8000:8000 -p 8001:8001 -p 8002:8002 classify-bls
+#   docker run --gpus all --shm-size 1g -p 8000:8000 -p 8001:8001 -p 8002:8002 -p 8003:8003 classify-bls
 # The Triton image tag lives here and nowhere else: a current NGC release (26.10; Ubuntu
 # 24.04 with Python 3.12, as every release since 25.01). The embedded Triton 2.51 (NGC
 # 24.10) stays for local development only.
@@ -41,5 +41,5 @@ RUN id -u 1000 >/dev/null 2>&1 || useradd --uid 1000 --user-group --create-home 
     chown -R 1000:1000 /opt/bls
 USER 1000:1000
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 8003
 ENTRYPOINT ["bls-entrypoint"]

@@ -69,3 +69,15 @@ RESTARTS_ENV = "BLS_SERVER_RESTARTS"
 # only when a candidate before it in a list is gone, so its engine (an *_onnx, *_int8 or
 # *_openvino model) is held only while calls come (runtime/standby.py).
 STANDBY_ENV = "BLS_STANDBY_MODELS"
+# The request id the watchdog's probes carry, so that what reads Triton's traces (bls-serve's
+# latency histograms) leaves them out as the flows leave them out of their metrics.
+PROBE_REQUEST_ID = "bls_probe"
+# Set by bls-serve likewise: a JSON file it keeps current with every model's state in Triton's
+# repository index and, for one that failed to load, why ({"model": {"state": "UNAVAILABLE",
+# "reason": "..."}}). A flow whose candidates are not READY reads it to tell a load that failed
+# (a broken part: INTERNAL) from a model still to come (UNAVAILABLE) (runtime/model_states.py).
+MODEL_STATES_ENV = "BLS_MODEL_STATES"
+# Set by bls-serve likewise: a Unix datagram socket it reads; each flow instance sends it one
+# JSON record per execute() (adapter/records.py), which `bls-explain` joins with Triton's trace
+# of each request.
+EXECUTIONS_ENV = "BLS_EXECUTIONS_SOCKET"

@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
-from ..contract import CLASS_IDS, IMAGE, LABELS, ROUTE, SCORES, TOPK
-from ..runtime.children import TensorInfo
+from ..contract import CLASS_IDS, EXECUTIONS_ENV, IMAGE, LABELS, MODEL_STATES_ENV, ROUTE, SCORES, TOPK
+from ..runtime import model_states
 from ..runtime.engine import FlowRuntime
 from ..runtime.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
-from .glue import bridge_logging, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
+from .glue import bridge_logging, declared_outputs, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
 from .metrics import FlowMetrics
+from .records import ExecuteTimes, RecordSink, TimedSend, execution_record, line
 from .shared_stamp import SharedStamp
 from .transport import TritonTransport
 
-__all__ = ["execution_line", "flow_model"]
+__all__ = ["flow_model"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def flow_model(pb_utils: Any) -> type:
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=_declared_outputs(args), queue=_queue(args),
+                                            outputs=declared_outputs(args), queue=_queue(args),
                                             shared_queue=self.queue_stamp)
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
@@ -61,44 +64,66 @@ def flow_model(pb_utils: Any) -> type:
                 lists += [(settings.canary.model,)] if settings.canary is not None else []  # a shadow's calls go to Triton
                 self.in_process = InProcessChildren(args["model_name"], model_dir.parent, settings.run_in_process, lists)
                 self.send = self.in_process.send(self.transport.send)
+            self.send = TimedSend(self.send)  # the child calls' wall time, for the execute() record
             if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
                 self.mirror_transport = TritonTransport(pb_utils)
                 self.runtime.router.mirror_send = self.mirror_transport.send
             self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
             self.instance = args["model_instance_name"]
+            self.records = RecordSink(os.environ.get(EXECUTIONS_ENV))  # bls-serve's, for bls-explain
+            # A candidate that failed to load makes a request INTERNAL, not UNAVAILABLE (bls-serve's states).
+            self.runtime.failed_loads = model_states.reader(os.environ.get(MODEL_STATES_ENV))
             freeze_startup_objects()
 
         def execute(self, requests):
             # Health probes (the watchdog's) run apart from users' requests, unmetered (the
-            # bls_* counters count users' traffic only) and on the stable models alone.
+            # bls_* counters count users' traffic only) and on the stable models alone. Beside
+            # users' requests that were answered, they are answered from that run: this stub and
+            # the models it called just worked, and the users' responses, sent together with the
+            # probes', would otherwise wait for a run of their own (measured: up to 0.5 s here).
+            times = ExecuteTimes()
             probe = [is_probe(r) for r in requests]
             results = [None] * len(requests)
+            users = ([], [], None)  # the users' request ids, answers and timings, for the record
             for probing in (False, True):
                 part = [i for i, p in enumerate(probe) if p == probing]
                 if not part:
+                    continue
+                if probing and any(isinstance(a, Prediction) for a in users[1]):
+                    for i in part:
+                        results[i] = _ANSWERED_BESIDE
                     continue
                 # Every child call of this run serves all of its requests: it joins the trace
                 # of the first (docs/reliability.md, "Tracing"). The trace lives as long as
                 # that request, so only calls made within this execute() may carry it.
                 self.transport.trace = requests[part[0]].trace()
                 try:
-                    answers, timings = self.runtime.run([_read(pb_utils, requests[i]) for i in part], self.send,
-                                                        probe=probing)
+                    inputs = [_read(pb_utils, requests[i]) for i in part]
+                    times.lap("read")
+                    answers, timings = self.runtime.run(inputs, self.send, probe=probing)
                 finally:
                     self.transport.trace = None
+                run_ms, child_seconds = times.lap("probes" if probing else None), self.send.take()
                 if not probing:
-                    self.metrics.record(timings)
-                if self.runtime.runtime.log_executions:
-                    log.info("%s", execution_line(self.runtime.name, self.instance, [requests[i].request_id() for i in part],
-                                                  answers, timings, probe=probing))
+                    times.users(run_ms, timings, child_seconds)
+                    self.metrics.record(timings, answered=sum(isinstance(a, Prediction) for a in answers))
+                    times.lap("metrics")
+                    users = ([requests[i].request_id() for i in part], answers, timings)
                 for i, answer in zip(part, answers):
                     results[i] = answer
             responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
             assert len(responses) == len(requests), "one response per request"
+            times.lap("responses")
+            record = line(execution_record(self.runtime.name, self.instance, times, time.monotonic_ns(), *users,
+                                           probes=sum(probe), in_process=self.in_process.models if self.in_process else ()))
+            if self.runtime.runtime.log_executions:
+                log.info("%s", record)
+            self.records.send(record)
             return responses
 
         def finalize(self):
             self.metrics.close()
+            self.records.close()
             self.runtime.close()
             self.queue_stamp.close()
             self.transport.close()
@@ -108,30 +133,6 @@ def flow_model(pb_utils: Any) -> type:
                 self.mirror_transport.close()
 
     return TritonPythonModel
-
-
-def execution_line(flow: str, instance: str, request_ids: list[str], results: list, timings, probe: bool = False) -> str:
-    """One execute() as one JSON line, for joining Triton's traces and logs on request ids:
-    its requests (their ids; "#<i>" for one sent without), which of them failed, whose trace
-    the child calls joined (the first's), its stages and its children, in milliseconds."""
-    ids = [rid or f"#{i}" for i, rid in enumerate(request_ids)]
-    record = {
-        "event": "bls_execute", "flow": flow, "instance": instance, "probe": probe, "requests": ids,
-        "images": sum(len(r.routes) for r in results if isinstance(r, Prediction)),
-        "failed": {rid: r.code for rid, r in zip(ids, results) if not isinstance(r, Prediction)},
-        "child_calls_traced_with": ids[0] if ids else None,
-        "ms": {"decode_preprocess": round(timings.decode_preprocess * 1e3, 3), "flow": round(timings.classify * 1e3, 3)},
-        "children": {child: {"calls": st.calls, "images": st.images, "ms": round(st.seconds * 1e3, 3)}
-                     for child, st in timings.children.items()},
-    }
-    return json.dumps(record, separators=(",", ":"))
-
-
-def _declared_outputs(args: dict) -> list[TensorInfo]:
-    """The model's outputs as Triton serves them (its config, as loaded)."""
-    config = json.loads(args["model_config"])
-    return [TensorInfo(o["name"], o["data_type"].replace("TYPE_", ""), tuple(int(d) for d in o.get("dims", [])))
-            for o in config.get("output", [])]
 
 
 def _queue(args: dict) -> tuple[int, float]:
@@ -161,8 +162,15 @@ def _read(pb_utils: Any, request: Any) -> ImageRequest:
     )
 
 
+# A probe answered from the users' run beside it: a response with no outputs (the watchdog
+# reads only whether it failed).
+_ANSWERED_BESIDE = object()
+
+
 def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
     """Only the outputs the client asked for (Triton lists all of them when it named none)."""
+    if result is _ANSWERED_BESIDE:
+        return pb_utils.InferenceResponse(output_tensors=[])
     if not isinstance(result, Prediction):
         error = pb_utils.TritonError
         code = {BAD_INPUT: error.INVALID_ARG, BROKEN: error.INTERNAL, UNAVAILABLE: error.UNAVAILABLE,

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from ..contract import PROBE_PARAMETER
+from ..runtime.children import TensorInfo
 
-__all__ = ["bridge_logging", "freeze_startup_objects", "instance_count", "instance_device", "is_probe", "model_parameters",
-           "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
+__all__ = ["bridge_logging", "declared_outputs", "freeze_startup_objects", "instance_count", "instance_device", "is_probe",
+           "model_parameters", "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
 
 
 class _TritonLogHandler(logging.Handler):
@@ -51,6 +52,13 @@ def model_parameters(args: dict) -> dict[str, str]:
     """config.pbtxt `parameters` as a plain {key: string_value} dict."""
     config = json.loads(args["model_config"])
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def declared_outputs(args: dict) -> list[TensorInfo]:
+    """The model's outputs as Triton serves them (its config, as loaded)."""
+    config = json.loads(args["model_config"])
+    return [TensorInfo(o["name"], o["data_type"].replace("TYPE_", ""), tuple(int(d) for d in o.get("dims", [])))
+            for o in config.get("output", [])]
 
 
 def instance_count(args: dict) -> int:

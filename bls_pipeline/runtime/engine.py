@@ -18,7 +18,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -80,6 +80,10 @@ class FlowRuntime:
         self.declared: dict[str, TensorInfo] = {o.name: o for o in (outputs or ())}
         # Where a failed request's reader finds what its message leaves out (LocalFlow says its own).
         self.details = "details in the server log"
+        # {model: why its load failed}, asked when a role has no READY candidate (the adapter
+        # reads bls-serve's model states: model_states.py); none known by default.
+        self.failed_loads: Callable[[], Mapping[str, str]] = dict
+        self._failure_logged: tuple[str, str] | None = None
         threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
         # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
@@ -188,8 +192,7 @@ class FlowRuntime:
                                 "(answer = batch.answer(); ...; return answer)")
             check_filled(answer, self.declared)
         except NoModelReady:
-            return self._fail_pending(requests, results, RequestError(run.no_model_message(), run.unready_role(), UNAVAILABLE),
-                                      timings)
+            return self._fail_pending(requests, results, self._no_model_error(run), timings)
         except ChildCallError as exc:
             # Temporary (no candidate took the call in time, or one refused it for overload):
             # UNAVAILABLE, try again. Anything else is a broken child: INTERNAL, logged. A
@@ -213,6 +216,19 @@ class FlowRuntime:
         with hooks.stage("top_k"):
             predictions(answer, run.owners, requests, results, timings, flow=self.name, declared=self.declared,
                         default_topk=self.runtime.default_topk, device=self.device)
+
+    def _no_model_error(self, run: Execution) -> RequestError:
+        """No candidate READY: UNAVAILABLE (try again later), unless a candidate tried failed its
+        load; then nothing will answer until someone fixes it: INTERNAL, naming the load error."""
+        failed = {m: why for m, why in self.failed_loads().items() if m in run.tried_models()}
+        if not failed:
+            return RequestError(run.no_model_message(), run.unready_role(), UNAVAILABLE)
+        model, why = next(iter(failed.items()))
+        if (model, why) != self._failure_logged:  # once per failure, not once per request
+            self._failure_logged = (model, why)
+            log.error("flow %s: its candidate %s failed to load, so its requests fail as INTERNAL: %s", self.name, model, why)
+        first_line = why.strip().splitlines()[0]
+        return RequestError(f"{run.no_model_message()}; {model} failed to load: {first_line}", run.unready_role(), BROKEN)
 
     def _check_request(self, req: ImageRequest, timings: Timings) -> RequestError | None:
         error = None

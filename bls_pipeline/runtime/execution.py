@@ -63,7 +63,7 @@ class Execution:
                 decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
-                timings.reject(results[r], 1)
+                timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
             if decoded.errors:  # the failed requests' images leave the batch
                 self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
             self.owners = decoded.owners
@@ -123,6 +123,10 @@ class Execution:
     def unready(self, role: str) -> None:
         """A call found no candidate READY (and waits no longer): the role NoModelReady names."""
         self._unready = role
+
+    def tried_models(self) -> tuple[str, ...]:
+        """The candidates this execute()'s calls tried, in order."""
+        return tuple(self._tried)
 
     def unready_role(self) -> str:
         return self._unready or "no_model_ready"

@@ -89,7 +89,8 @@ class ChildStats:
 
 @dataclass
 class Timings:
-    """What one run did: seconds per stage, images per route, rejections per reason, calls per child."""
+    """What one run did: seconds per stage, images per route, failed requests and their images
+    per reason and code, calls per child. Every request that fails goes through reject()."""
 
     decode_preprocess: float = 0.0
     classify: float = 0.0  # the flow: its child calls and its own logic
@@ -100,6 +101,7 @@ class Timings:
     # decode, a child model's name).
     dropped: dict[tuple[str, str, str], int] = field(default_factory=dict)
     queue_wait_s: float | None = None  # the longest a request of this run may have waited in the queue (admission.py)
+    rejected_requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> requests
     children: dict[str, ChildStats] = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
 
@@ -107,5 +109,6 @@ class Timings:
         table[key] = table.get(key, 0) + n
 
     def reject(self, error: "RequestError", images: int) -> None:
-        """Count the images of a request that failed with `error`."""
+        """Count a request that failed with `error`, and its images (every one it carried)."""
         self.count(self.rejected, (error.reason, error.code), images)
+        self.count(self.rejected_requests, (error.reason, error.code))

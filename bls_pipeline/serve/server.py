@@ -6,7 +6,9 @@ wheel, loads only the models whose backend and artifacts are present (explicit m
 control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
 readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
 `bls-serve` (main) serves until SIGTERM or Ctrl-C and starts a tritonserver that died on its
-own again, with backoff.
+own again, with backoff. A model that fails its load is named and left out, the others served
+(`fail_fast` off: bls-serve's default); with a status port, bls-serve's own endpoint answers
+readiness, latency histograms and the recent requests explained (status.py).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..adapter.shared_stamp import STAMP_PREFIX
-from ..contract import RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
+from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
 from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
+from .states import ModelStates
+from .status import StatusServer
 from .watchdog import Watchdog
 
 __all__ = ["ServerOptions", "TritonServer", "embedded_command", "free_port", "main"]
@@ -83,6 +87,17 @@ class ServerOptions:
     # The Python whose environment the python models run in (its bin goes first on PATH),
     # of this one's version; None: this one. A model with EXECUTION_ENV_PATH runs in that instead.
     python: Path | None = None
+    # A model that fails its load: True, the start fails (tritonserver exits: what a tool or a
+    # test that needs every model wants); False, it is named (failed) and the others serve.
+    fail_fast: bool = True
+    # bls-serve's own endpoint on this port (status.py): readiness of `ready_for`, latency
+    # histograms from Triton's traces, the recent requests explained; None: none.
+    status_port: int | None = None
+    # The models /ready follows; None: those asked for (`models`), else every flow loaded.
+    ready_for: tuple[str, ...] | None = None
+    # Triton's request traces into this file (FILE.0, FILE.1, ... kept); None: with a status
+    # port, into a folder of its own, each trace removed once read.
+    trace_file: Path | None = None
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, log_file: Path | None, **kwargs) -> "ServerOptions":
@@ -119,6 +134,10 @@ class TritonServer:
         self.shm_prefix = f"{SHM_PREFIX}bls{os.getpid()}_{secrets.token_hex(3)}_"
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
+        self.failed: dict[str, str] = {}  # planned models whose load failed (fail_fast off): why
+        self.ready_for: tuple[str, ...] = ()
+        self.states: ModelStates | None = None
+        self.status: StatusServer | None = None
         self.repository: repository.Repository | None = None
         self._plan: repository.LoadPlan | None = None
         self._binary: _Binary | None = None
@@ -146,6 +165,12 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{_url_host(self.options.host)}:{self.options.metrics_port}/metrics"
+
+    @property
+    def status_url(self) -> str | None:
+        """bls-serve's own endpoint (/ready, /metrics, /requests), or None without a status port."""
+        port = self.options.status_port
+        return f"http://{_url_host(self.options.host)}:{port}" if port else None
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -217,7 +242,20 @@ class TritonServer:
             log.info("%s is %s: on standby (a CPU engine model then holds its engine only while calls come)", name, why)
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
+        self.ready_for = self._ready_for(plan)
         _check_ports_free(opts)
+        # The flows read the model states (a failed load: INTERNAL), kept current by the watchdog's
+        # rounds and the status port's.
+        self.states = ModelStates(self.admin, self._workdir / "model-states.json")
+        env = {**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby),
+               MODEL_STATES_ENV: str(self.states.path)}
+        traces = self._tracing()
+        if opts.status_port:
+            env[EXECUTIONS_ENV] = str(self._workdir / "executions.sock")
+            self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
+                                       own_traces=opts.trace_file is None, records_path=self._workdir / "executions.sock",
+                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog)
+            self.status.start()
 
         cmd = [
             str(binary.executable),
@@ -232,11 +270,14 @@ class TritonServer:
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
             f"--exit-timeout-secs={opts.exit_timeout_s}",
             "--strict-readiness=true",
+            # A failed load: tritonserver exits (fail fast), or serves the other models.
+            f"--exit-on-error={'true' if opts.fail_fast else 'false'}",
             f"--log-verbose={opts.log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             # Pinned (page-locked) staging memory only helps host<->GPU copies; without a GPU
             # its 256 MB pool just fills up under load and shows as resident memory.
             *([] if _has_gpu() else ["--pinned-memory-pool-byte-size=0"]),
+            *traces[1],
             *opts.extra_args,
         ]
         if binary.backend_dir is not None:
@@ -246,38 +287,81 @@ class TritonServer:
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
         self._proc = subprocess.Popen(
             cmd,
-            env={**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby)},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log_handle,
             stderr=subprocess.STDOUT if self._log_handle else None,
             start_new_session=True,  # own process group: stop() reaches every python stub
         )
         try:
-            self.wait_ready(plan.load, opts.startup_timeout_s)
+            self.failed = self.wait_ready(plan.load, opts.startup_timeout_s)
             self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
             self._check_it_is_ours()
+            self.loaded = tuple(m for m in plan.load if m not in self.failed)
+            if not self.loaded:
+                raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({_first_line(w)})' for m, w in self.failed.items())}"
+                                   f"{self._log_hint()}")
         except BaseException:
             self.stop()
             raise
+        for name, why in self.failed.items():
+            log.error("%s FAILED to load, serving the others without it: %s", name, why)
+        self.states.refresh()
         self._started_at = time.monotonic()
         if opts.watchdog_interval_s > 0:
-            # Called models first: a flow's probe waits while its flow retries a dead child
-            # (up to child_retry_s), so the child is found and reloaded first.
-            order = [m for stage in reversed(repository.drain_stages(self.repository, plan.load)) for m in stage]
-            python_models = {n: self.repository.configs[n] for n in order if self.repository.configs[n].backend == "python"}
-            self.watchdog = Watchdog(self.http_url, python_models, self.reload_model, opts.watchdog_interval_s, pgid=self.pid)
+            self.watchdog = Watchdog(self.http_url, self._watched_models, self.reload_model, opts.watchdog_interval_s,
+                                     pgid=self.pid)
             self.watchdog.start()
+        if self.status is not None:
+            self.status.serving = True
 
-    def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> None:
+    def _ready_for(self, plan: repository.LoadPlan) -> tuple[str, ...]:
+        """The models /ready follows: those named, else those asked for, else every flow (a
+        model that calls others) loaded, else every model loaded."""
+        named = self.options.ready_for or self.options.models
+        if named:
+            unknown = [m for m in named if m not in self.repository.configs]
+            if unknown:
+                raise ValueError(f"readiness follows models that are not in the repository: {', '.join(unknown)}")
+            return tuple(named)
+        return tuple(m for m in plan.load if self.repository.callees.get(m)) or plan.load
+
+    def _tracing(self) -> tuple[Path | None, tuple[str, ...]]:
+        """Where Triton writes its request traces and the flags that make it: the user's file,
+        else (with a status port) a folder of bls-serve's own; no flags without either."""
+        opts = self.options
+        if opts.trace_file is None and not opts.status_port:
+            return None, ()
+        prefix = Path(opts.trace_file) if opts.trace_file is not None else self._workdir / "traces" / "trace.json"
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        return prefix, trace_args(prefix)
+
+    def _watched_models(self) -> dict:
+        """The python models the watchdog probes now: those READY, called models first (a flow's
+        probe waits while its flow retries a dead child, so the child is found and reloaded
+        first), then any loaded later through the repository API."""
+        self.states.refresh()
+        order = [m for stage in reversed(repository.drain_stages(self.repository, self.loaded)) for m in stage]
+        return self.states.python_models(order)
+
+    def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> dict[str, str]:
+        """Wait until every one of `models` is READY, or (fail_fast off) failed its load; the
+        failed ones, with why (Triton's repository index)."""
         deadline = time.monotonic() + timeout_s
         pending = list(models)
+        failed: dict[str, str] = {}
         while pending:
             self._fail_if_exited("it was ready")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"models not ready after {timeout_s:.0f}s: {pending}{self._log_hint()}")
             pending = [m for m in pending if not self.is_model_ready(m)]
+            if pending and not self.options.fail_fast and self.states is not None:
+                self.states.refresh()
+                failed.update({m: why for m, why in self.states.failed().items() if m in pending})
+                pending = [m for m in pending if m not in failed]
             if pending:
                 time.sleep(0.25)
+        return failed
 
     def _wait_for_endpoints(self, ports: dict[str, int], timeout_s: float) -> None:
         """Every endpoint listening: Triton starts its metrics endpoint after the HTTP one that
@@ -424,6 +508,8 @@ class TritonServer:
         (_stuck_copies). Also clears what a tritonserver that died on its own left behind.
         """
         watchdog, self.watchdog = self.watchdog, None
+        if self.status is not None:
+            self.status.serving = False  # /ready: 503 from now on, while the drain runs
         if watchdog is not None:
             try:
                 watchdog.stop()
@@ -453,6 +539,9 @@ class TritonServer:
                 if left:
                     log.warning("processes of tritonserver's group still there 5 s after it was killed: %s", left)
         self.last_stop = StopReport(code, drained, stuck)
+        status, self.status = self.status, None
+        if status is not None:
+            status.stop()
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
         if proc is not None:  # the flows' shared queue stamps (adapter/shared_stamp.py) a killed stub left
@@ -517,7 +606,8 @@ class TritonServer:
 def _check_ports_free(opts: ServerOptions) -> None:
     """Fail at once, naming the port, when something already listens there (another Triton
     would otherwise answer our readiness poll and we would serve nothing)."""
-    for what, port in (("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)):
+    ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
+    for what, port in ports + ([("status", opts.status_port)] if opts.status_port else []):
         with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds: a listener is a clash, TIME_WAIT is not
             try:
@@ -552,6 +642,11 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _first_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _url_host(host: str) -> str:
@@ -653,8 +748,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
     p.add_argument("--trace", metavar="FILE", type=Path,
-                   help="trace every request (Triton's tracing, TIMESTAMPS) into FILE.0, FILE.1, ... one JSON list per "
-                        "trace; a flow's child calls show under a request's trace (docs/reliability.md, \"Tracing\")")
+                   help="keep Triton's trace of every request (TIMESTAMPS) in FILE.0, FILE.1, ... one JSON list per "
+                        "trace; a flow's child calls show under a request's trace (docs/reliability.md, \"Tracing\"); "
+                        "without it, bls-serve reads its traces for the status port and removes them")
+    p.add_argument("--status-port", type=int, default=8003,
+                   help="bls-serve's own endpoint: /ready (the --ready-for models), /metrics (request latency "
+                        "histograms), /requests (bls-explain); 0: none (and no request tracing)")
+    p.add_argument("--ready-for", metavar="MODELS",
+                   help="comma-separated models the status port's /ready follows (default: --models, else every "
+                        "flow loaded): READY, and a flow's last watchdog probe answered")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="exit 2 when any model fails its load; by default bls-serve names what failed and serves "
+                        "the rest (docs/reliability.md, \"A model that fails its load\")")
     p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
                    help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
                         f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
@@ -745,7 +850,10 @@ def main(argv: list[str] | None = None) -> int:
         models=tuple(args.models.split(",")) if args.models else None,
         log_verbose=args.log_verbose,
         watchdog_interval_s=args.watchdog_interval,
-        extra_args=trace_args(args.trace) if args.trace else (),
+        fail_fast=args.fail_fast,
+        status_port=args.status_port or None,
+        ready_for=tuple(args.ready_for.split(",")) if args.ready_for else None,
+        trace_file=args.trace,
     )
     if args.admin_key:
         opts.admin_key = args.admin_key
@@ -774,7 +882,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Serving {', '.join(server.loaded)} from {where}")
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")
+        for name, why in server.failed.items():
+            print(f"  FAILED to load: {name} ({_first_line(why)}); its callers answer 500 naming it")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
+        if server.status_url:
+            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}; /metrics; /requests)")
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)

@@ -19,8 +19,16 @@ The probes run on a thread of their own: a flow's probe can wait up to the probe
 while its flow retries a dead child, and the looks at the processes go on meanwhile, every
 `interval_s` (with the probes' looks before each probe, one at a time).
 Probe timeouts (a busy server) never trigger a reload. Probes carry the request parameter
-`bls_probe: true`: flow models answer them apart from users' requests and leave them out
-of their bls_* metrics (Triton's own nv_inference_* counters still count them).
+`bls_probe: true` and the request id `bls_probe`: flow models answer them apart from users'
+requests and leave them out of their bls_* metrics, bls-serve's latency histograms leave them
+out (Triton's own nv_inference_* counters still count them).
+
+Which models: the python models READY now, asked again before each round of probes (a
+callable: bls-serve's reads Triton's repository index), so a model loaded later through the
+repository API is probed and brought back like the others. Each probe's outcome is kept
+(`outcomes`): bls-serve's /ready takes a flow whose last probe failed (500, or 503 for a
+reason other than overload) as not ready; a probe refused for overload or timed out leaves
+the last outcome as it was.
 """
 
 from __future__ import annotations
@@ -33,26 +41,35 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 from PIL import Image
 
-from ..contract import PROBE_PARAMETER
+from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..runtime.answer import numpy_dtype
 from .processes import stubs
 
-__all__ = ["Recovery", "Watchdog", "dead_stub_model"]
+__all__ = ["ProbeOutcome", "Recovery", "Watchdog", "dead_stub_model"]
 
 log = logging.getLogger(__name__)
 
 _DEAD_STUB = re.compile(r"Stub process '(?P<instance>[^']+)' is not healthy")
+# A probe refused for overload, or that timed out: says nothing of whether the model can answer.
+_BUSY = re.compile(r"Exceeds maximum queue size|Request timeout expired|timed? ?out", re.IGNORECASE)
 
 
 def dead_stub_model(message: str) -> str | None:
     """Model whose stub an error message reports dead ('<model>_<group>_<index>'), or None."""
     m = _DEAD_STUB.search(message)
     return re.sub(r"_\d+_\d+$", "", m.group("instance")) if m else None
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    ok: bool
+    message: str  # the error's, when it failed
+    at: float  # time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -94,16 +111,20 @@ def instance_names(model: str, config) -> set[str]:
 
 
 class Watchdog(threading.Thread):
-    def __init__(self, url: str, configs: dict, reload: Callable[[str], None], interval_s: float = 2.0,
-                 probe_timeout_s: float = 10.0, pgid: int | None = None):
+    def __init__(self, url: str, models: Mapping | Callable[[], Mapping], reload: Callable[[str], None],
+                 interval_s: float = 2.0, probe_timeout_s: float = 10.0, pgid: int | None = None):
+        """models: {name: ModelConfig} of the python models to watch, or a callable giving them
+        now (called before each round of probes), in the order to probe them."""
         super().__init__(name="bls-watchdog", daemon=True)
         import tritonclient.http as tc
 
         self._tc = tc
         self._url, self._timeout = url, probe_timeout_s
         self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s, connection_timeout=probe_timeout_s)
-        self._probes = {name: _probe_inputs(tc, cfg) for name, cfg in configs.items()}
-        self._instances = {name: instance_names(name, cfg) for name, cfg in configs.items()}
+        self._models = models if callable(models) else (lambda: models)
+        self._probes: dict[str, list] = {}
+        self._instances: dict[str, set[str]] = {}
+        self.outcomes: dict[str, ProbeOutcome] = {}  # model -> its last probe's, overload and timeouts aside
         self._pgid = pgid
         self._seen: dict[int, str] = {}  # pid -> instance of every stub seen alive, until it is gone
         self._reload = reload
@@ -113,6 +134,7 @@ class Watchdog(threading.Thread):
         self._recovered_at: dict[str, float] = {}  # model -> when its last reload ended
         self.recoveries: list[Recovery] = []
         self.rounds = 0  # rounds of probes completed, each probe after a look (a test waits for one to end)
+        self._watch(self._models())
         if pgid is not None:
             self._dead_stubs()  # the stubs as they start: each one's instance is known before it can die
 
@@ -137,9 +159,23 @@ class Watchdog(threading.Thread):
             for dead in self._dead_stubs():
                 self._recover(dead)
 
+    def _watch(self, models: Mapping) -> None:
+        """Probe these models from now on (a model no longer among them: no longer)."""
+        probes = {name: self._probes.get(name) or _probe_inputs(self._tc, cfg) for name, cfg in models.items()}
+        instances = {name: self._instances.get(name) or instance_names(name, cfg) for name, cfg in models.items()}
+        for name in models:
+            if name not in self._probes and self.rounds:
+                log.info("watchdog: probing %s from now on (READY since the last round)", name)
+        with self._looking:
+            self._probes, self._instances = probes, instances
+
     def _probe_rounds(self) -> None:
         while not self._halt.wait(self._interval):
-            for model, inputs in self._probes.items():
+            try:
+                self._watch(self._models())
+            except Exception as exc:  # noqa: BLE001 - the models watched so far still are
+                log.warning("watchdog: could not list the models to probe (%s): probing the same ones", exc)
+            for model, inputs in list(self._probes.items()):
                 if self._halt.is_set():  # the server is being stopped: it drains, nothing is loaded again
                     return
                 self._look()  # before each probe: a probe into a dead stub would leave its copy stuck
@@ -181,12 +217,19 @@ class Watchdog(threading.Thread):
             return False
 
     def _probe(self, model: str, inputs: list) -> str | None:
+        """Probe `model`; the model whose stub the answer reports dead, or None."""
         try:
-            self._client.infer(model, inputs, parameters={PROBE_PARAMETER: True})  # kept out of bls_* metrics
-        except Exception as exc:  # noqa: BLE001 - only the dead-stub message matters
-            dead = dead_stub_model(str(exc))
+            # Kept out of the flows' bls_* metrics (the parameter) and bls-serve's histograms (the id).
+            self._client.infer(model, inputs, parameters={PROBE_PARAMETER: True}, request_id=PROBE_REQUEST_ID)
+        except Exception as exc:  # noqa: BLE001 - a failed probe: its message says what
+            message = str(exc)
+            dead = dead_stub_model(message)
             if dead in self._probes:
                 return dead
+            if not _BUSY.search(message):
+                self.outcomes[model] = ProbeOutcome(False, message, time.monotonic())
+            return None
+        self.outcomes[model] = ProbeOutcome(True, "", time.monotonic())
         return None
 
     def _recover(self, model: str) -> None:

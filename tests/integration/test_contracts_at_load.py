@@ -45,7 +45,7 @@ def test_bls_serve_says_why_and_exits(mismatched_repo):
     ports = [str(free_port()) for _ in range(3)]
     proc = subprocess.run([sys.executable, "-c", "import sys; from bls_pipeline.serve.server import main; sys.exit(main())",
                            "--model-repository", str(mismatched_repo), "--http-port", ports[0], "--grpc-port", ports[1],
-                           "--metrics-port", ports[2], "--watchdog-interval", "0"],
+                           "--metrics-port", ports[2], "--status-port", "0", "--watchdog-interval", "0"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert WHAT in proc.stderr

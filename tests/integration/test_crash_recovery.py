@@ -37,10 +37,10 @@ class BlsServe:
     read line by line as it comes."""
 
     def __init__(self, model_repo: Path, *args: str):
-        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+        self.ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port(), "status": free_port()}
         cmd = [str(Path(sys.executable).parent / "bls-serve"), "--model-repository", str(model_repo),
                "--http-port", str(self.ports["http"]), "--grpc-port", str(self.ports["grpc"]),
-               "--metrics-port", str(self.ports["metrics"]), *args]
+               "--metrics-port", str(self.ports["metrics"]), "--status-port", str(self.ports["status"]), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.lines: list[str] = []

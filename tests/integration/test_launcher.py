@@ -204,7 +204,7 @@ def test_bls_serve_binds_the_host_it_is_given_and_ctrl_c_leaves_nothing(model_re
     cmd = [sys.executable, "-c", "import sys; from bls_pipeline.serve.server import main; sys.exit(main())",
            "--model-repository", str(model_repo), "--models", "resnet50_onnx", "--host", host,
            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-           "--watchdog-interval", "0"]
+           "--status-port", str(free_port()), "--watchdog-interval", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True).start()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from bls_pipeline.runtime.results import CODES
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import model_of, stub_instances
 
@@ -57,7 +58,7 @@ def test_custom_metrics_count_routes_rejections_and_time(server, sample_images):
 
     assert delta("bls_images_total", "route=resnet50_onnx:direct") == 3
     assert delta("bls_rejected_images_total", "code=INVALID_ARGUMENT,reason=unsupported_format") == 2  # BAD and b"x"*10
-    assert delta("bls_rejected_images_total", "code=INVALID_ARGUMENT,reason=empty") == 1
+    assert delta("bls_rejected_images_total", "code=INVALID_ARGUMENT,reason=empty") == 2  # the mug fails with b""
     assert delta("bls_stage_seconds_total", "stage=decode_preprocess") > 0
     assert delta("bls_stage_seconds_total", "stage=classify") > 0
 
@@ -251,6 +252,8 @@ def test_watchdog_probes_are_not_counted_as_users_traffic(model_repo, server_fac
         time.sleep(CURRENT_S)  # current a second later, the watchdog's probes going on meanwhile
         assert scrape(server, "bls_images_total", "triage_bls") == {"route=image_quality:blank": 2.0}
         assert scrape(server, "bls_executions_total", "triage_bls") == {"": 2.0}
+        # Every code's series there from the load on, the probes in none.
+        assert scrape(server, "bls_requests_total", "triage_bls") == {**{f"code={c}": 0.0 for c in CODES}, "code=OK": 2.0}
         assert _triton_count(server, "nv_inference_request_success", "triage_bls") >= 8
     finally:
         server.stop()

@@ -108,6 +108,24 @@ def test_a_child_output_of_the_wrong_dtype_is_internal_naming_it(server, protoco
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_function_child_called_directly_refuses_its_own_broken_output(server, protocol):
+    """No flow in between: the function model checks what its function returned against its
+    config (a client calling it directly got a 200 with 10 scores instead of 1000)."""
+    tc = tritonclient_module(protocol)
+    client = tc.InferenceServerClient(server.url(protocol))
+    try:
+        pixels = tc.InferInput("input", [2, 3, 224, 224], "FP32")
+        pixels.set_data_from_numpy(np.zeros((2, 3, 224, 224), np.float32))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("broken_shape", [pixels])
+    finally:
+        client.close()
+    assert caught.value.status() == _status(protocol, BROKEN)
+    assert ("broken_shape returned output with shape (2, 10) for a batch of 2; its config.pbtxt declares dims [1000], "
+            "so expected (2, 1000) (function broken.py:wrong_shape)") in caught.value.message()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_flow_that_raises_is_internal_and_tells_no_secret(server, protocol):
     error = _failure(server, protocol, "raising_flow", [_jpeg(), _jpeg()])
     assert error.status() == _status(protocol, BROKEN)
@@ -143,3 +161,53 @@ def _eventually(check, timeout_s: float = 5.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "the metric did not reach the endpoint"
         time.sleep(0.1)
+
+
+# ---- who counts the failures: the flow, not Triton ---------------------------------------------
+
+def _series(server, metric: str, model: str) -> dict[str, float]:
+    """{labels other than model/instance/version: value summed over instances} of one metric."""
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for labels, value in re.findall(rf'^{metric}\{{([^}}]*)\}} (\S+)$', text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if pairs.pop("model", None) != model:
+            continue
+        key = ",".join(f"{k}={v}" for k, v in sorted(pairs.items()) if k not in ("instance", "version"))
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def test_failures_are_counted_by_the_flow_by_code_and_every_image_of_them(server):
+    """A request of three images with one bad, two broken-child requests and one with no
+    classifier READY: the flow counts each request once by the code its client got, and every
+    image of it; Triton's own counters call all four successes (docs/reliability.md)."""
+    flow, unready = "classify_bls_broken_shape", "classify_bls_unready"
+    metrics = ("bls_requests_total", "bls_rejected_requests_total", "bls_rejected_images_total",
+               "nv_inference_request_success", "nv_inference_request_failure")
+    before = {(m, f): _series(server, m, f) for m in metrics for f in (flow, unready)}
+    assert _failure(server, "http", flow, [_jpeg(), b"not an image", _jpeg()]).status() == BAD_INPUT[0]
+    for _ in range(2):
+        assert _failure(server, "grpc", flow, [_jpeg()]).status() == BROKEN[1]
+    assert _failure(server, "http", unready, [_jpeg(), _jpeg()]).status() == UNAVAILABLE[0]
+
+    def delta(metric, model, key):
+        return _series(server, metric, model).get(key, 0) - before[(metric, model)].get(key, 0)
+
+    _eventually(lambda: delta("bls_requests_total", unready, "code=UNAVAILABLE") == 1
+                and delta("bls_requests_total", flow, "code=INTERNAL") == 2)
+    assert delta("bls_requests_total", flow, "code=INVALID_ARGUMENT") == 1
+    assert delta("bls_requests_total", flow, "code=INTERNAL") == 2
+    assert delta("bls_requests_total", flow, "code=OK") == 0
+    assert delta("bls_rejected_requests_total", flow, "code=INVALID_ARGUMENT,reason=unsupported_format") == 1
+    assert delta("bls_rejected_images_total", flow, "code=INVALID_ARGUMENT,reason=unsupported_format") == 3
+    assert delta("bls_rejected_requests_total", flow, "code=INTERNAL,reason=broken_shape") == 2
+    assert delta("bls_rejected_images_total", unready, "code=UNAVAILABLE,reason=classifiers") == 2
+    # Triton 2.51: the python backend answers a failed request with an error response, which
+    # Triton's statistics count as a success; its failure counter stays where it was.
+    assert delta("nv_inference_request_success", flow, "") == 3
+    assert delta("nv_inference_request_success", unready, "") == 1
+    assert sum(delta("nv_inference_request_failure", m, k) for m in (flow, unready)
+               for k in _series(server, "nv_inference_request_failure", m)) == 0

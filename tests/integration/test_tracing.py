@@ -81,7 +81,7 @@ def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_r
     assert sorted(requests.values()) == [f"req-{i}" for i in range(4)]
     children = [e for e in entries if e.get("model_name") == CHILD]
     assert children and all(e.get("parent_id") in requests for e in children), children  # under a request's trace
-    lines = [line for line in _execute_lines(server.options.log_file) if not line["probe"]]
+    lines = [line for line in _execute_lines(server.options.log_file) if line["requests"]]  # users' (probes aside)
     assert sorted(r for line in lines for r in line["requests"]) == [f"req-{i}" for i in range(4)]
     assert any(len(line["requests"]) > 1 for line in lines), lines  # one execute() served several requests
     joined = sorted(requests[e["parent_id"]] for e in children)
@@ -90,3 +90,39 @@ def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_r
         assert line["children"][CHILD]["calls"] == joined.count(line["requests"][0])  # its calls, in that trace alone
         assert line["children"][CHILD]["images"] == line["images"] == len(line["requests"])
     assert set(joined) == {line["requests"][0] for line in lines}
+
+
+def test_a_probe_beside_users_requests_is_answered_from_their_run(model_repo, server_factory, tmp_path, sample_images):
+    """A watchdog probe that Triton batches with a user's request into one execute() is answered
+    (no outputs: the watchdog reads only whether it failed) without a run of its own, which the
+    user's response would wait for: the execute() record shows the probe and no probes part."""
+    server = server_factory(model_repo, tmp_path, models=(FLOW,))
+    try:
+        image = np.array([[sample_images["mug"]]], dtype=object)
+        start = threading.Barrier(2)
+        answers = {}
+
+        def send(probe: bool) -> None:
+            client = httpclient.InferenceServerClient(server.http_url)
+            inp = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
+            inp.set_data_from_numpy(image)
+            start.wait()
+            answers[probe] = client.infer(FLOW, [inp], request_id="probe" if probe else "user",
+                                          parameters={"bls_probe": True} if probe else None)
+            client.close()
+
+        threads = [threading.Thread(target=send, args=(p,)) for p in (False, True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert answers[False].as_numpy("ROUTE")[0, 0] == f"{CHILD}:direct".encode()
+        assert answers[True].get_response()["outputs"] == []  # answered, from the user's run
+        deadline = time.monotonic() + 10
+        while not (lines := [ln for ln in _execute_lines(server.options.log_file) if "user" in ln["requests"]]):
+            assert time.monotonic() < deadline, "no execute() line for the user's request"
+            time.sleep(0.2)
+        (line,) = lines
+        assert line["probes"] == 1 and "probes" not in line["ms"]  # batched together, the probe not run
+    finally:
+        server.stop()

@@ -47,13 +47,25 @@ def test_bls_serve_binds_loopback_unless_given_a_host(launched, tmp_path, capsys
     assert capsys.readouterr().err.splitlines() == ["bls-serve: error: stand-in launcher"] * 2
 
 
-def test_trace_turns_on_tritons_tracing_into_the_file(launched, tmp_path):
+def test_trace_keeps_tritons_traces_in_the_file(launched, tmp_path):
     assert server.main(["--model-repository", str(tmp_path), "--trace", str(tmp_path / "trace.json")]) == 2
     assert server.main(["--model-repository", str(tmp_path)]) == 2
     traced, plain = launched
-    assert traced.extra_args[::2] == ("--trace-config",) * 5 and plain.extra_args == ()
-    assert f"triton,file={tmp_path / 'trace.json'}" in traced.extra_args and "rate=1" in traced.extra_args
-    assert "level=TIMESTAMPS" in traced.extra_args and "triton,log-frequency=1" in traced.extra_args
+    assert traced.trace_file == tmp_path / "trace.json" and plain.trace_file is None
+    args = server.trace_args(tmp_path / "trace.json")
+    assert args[::2] == ("--trace-config",) * 5
+    assert f"triton,file={tmp_path / 'trace.json'}" in args and "rate=1" in args
+    assert "level=TIMESTAMPS" in args and "triton,log-frequency=1" in args
+
+
+def test_bls_serve_serves_what_loads_and_has_a_status_port_unless_told_otherwise(launched, tmp_path):
+    assert server.main(["--model-repository", str(tmp_path)]) == 2
+    assert server.main(["--model-repository", str(tmp_path), "--fail-fast", "--status-port", "0",
+                        "--ready-for", "classify_bls,read_text"]) == 2
+    default, given = launched
+    assert (default.fail_fast, default.status_port, default.ready_for) == (False, 8003, None)
+    assert (given.fail_fast, given.status_port, given.ready_for) == (True, None, ("classify_bls", "read_text"))
+    assert server.ServerOptions(tmp_path).fail_fast  # a tool or a test that needs every model: the start fails
 
 
 def test_the_launcher_defaults_to_loopback(tmp_path):

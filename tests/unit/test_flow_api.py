@@ -251,6 +251,37 @@ def test_no_model_ready_names_every_candidate_tried(repo):
     assert rec.rounds == [] and timings.rejected == {("main", "UNAVAILABLE"): 2}
 
 
+def _run_with_none_ready(repo, failed_loads: dict[str, str]):
+    """One request to a flow whose `main` candidates (cls_a, cls_b) are none READY, with these
+    failed loads known (bls-serve's model states)."""
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            scores = batch.classify(s.main)
+            if scores is None:
+                raise NoModelReady
+            return batch.answer().set(scores, "x")
+    """)
+    rec = Recorder(FUNCTIONS, ready=set())
+    pipeline = runtime(flow, rec)
+    pipeline.failed_loads = lambda: failed_loads
+    (result,), timings = pipeline.run([ImageRequest([RED])], rec.send)
+    return result, timings
+
+
+def test_a_candidate_that_failed_its_load_makes_no_model_ready_internal_naming_the_load_error(repo):
+    """Nothing will answer until someone fixes the model: INTERNAL, not the retry-later code."""
+    result, timings = _run_with_none_ready(repo, {"cls_b": "Internal: model.onnx does not match its config\nAt: ...",
+                                                  "other": "x"})
+    assert result == RequestError("no classifier is ready (tried, in order: cls_a, cls_b); cls_b failed to load: "
+                                  "Internal: model.onnx does not match its config", "main", "INTERNAL")
+    assert timings.rejected_requests == {("main", "INTERNAL"): 1}
+
+
+def test_a_failed_load_of_a_model_the_flow_did_not_try_changes_nothing(repo):
+    result, _ = _run_with_none_ready(repo, {"cls_c": "Internal: broken"})
+    assert (result.code, result.message) == ("UNAVAILABLE", "no classifier is ready (tried, in order: cls_a, cls_b)")
+
+
 def test_a_flow_that_raises_fails_that_execute_only(repo):
     flow = write_flow(repo, """
         def flow(batch, s: S) -> Answer:

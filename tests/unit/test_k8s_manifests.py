@@ -90,12 +90,13 @@ def test_deployment_has_what_triton_needs_on_a_cluster():
     shm = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert shm and volumes[shm[0]]["emptyDir"]["medium"] == "Memory"
     assert volumes[shm[0]]["emptyDir"]["sizeLimit"] in ("1Gi", "2Gi", "4Gi")
-    # Probes on Triton's health endpoints, on the port the Service sends HTTP to.
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # Readiness on bls-serve's status port (it follows the --ready-for flows; Triton's strict
+    # readiness never recovers from one failed load); liveness and startup on Triton's.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "status"}
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "status": 8003}
     # A GPU per pod; non-root, no privilege escalation.
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -108,7 +109,7 @@ def test_deployment_has_what_triton_needs_on_a_cluster():
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
     # The repository from S3; a tritonserver that dies ends the container, for Kubernetes to restart.
-    assert container["args"] == ["--model-repository", "$(MODEL_REPOSITORY)", "--no-restart"]
+    assert container["args"] == ["--model-repository", "$(MODEL_REPOSITORY)", "--no-restart", "--ready-for", "classify_bls"]
 
 
 def test_service_hpa_and_pdb_point_at_the_deployment():

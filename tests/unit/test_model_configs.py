@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -96,11 +96,42 @@ def test_onnx_and_trt_models_of_the_same_weights(weights):
 
 
 def test_onnx_classifiers_share_one_adapter():
-    """efficientnet_lite0_onnx runs resnet50_onnx's model.py through a relative symlink, not a copy."""
-    link = MODELS / "efficientnet_lite0_onnx" / "1" / "model.py"
-    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
-    assert link.resolve() == (MODELS / "resnet50_onnx" / "1" / "model.py").resolve()
-    assert string_parameters(parse_config(link.parent.parent)).keys() == string_parameters(parse_config(MODELS / "resnet50_onnx")).keys()
+    """efficientnet_lite0_onnx runs resnet50_onnx's model.py: the same file, byte for byte."""
+    copy = MODELS / "efficientnet_lite0_onnx" / "1" / "model.py"
+    assert copy.read_bytes() == (MODELS / "resnet50_onnx" / "1" / "model.py").read_bytes()
+    assert string_parameters(parse_config(copy.parent.parent)).keys() == string_parameters(parse_config(MODELS / "resnet50_onnx")).keys()
+
+
+def test_the_shipped_model_folders_hold_no_links():
+    """A link into another folder is shared with it: `cp -r` (or a copytree that keeps links)
+    of a shipped folder, then an edit of the copy's labels.txt, edited resnet50_onnx's."""
+    links = sorted(str(p.relative_to(MODELS)) for p in MODELS.rglob("*") if p.is_symlink())
+    assert links == []
+
+
+def test_a_copied_model_folder_is_its_own(tmp_path):
+    original = (MODELS / "resnet50_onnx" / "labels.txt").read_bytes()
+    copy = tmp_path / "my_classifier"
+    shutil.copytree(MODELS / "efficientnet_lite0_onnx", copy, symlinks=True)  # what cp -r does with links
+    with open(copy / "labels.txt", "a") as labels:
+        labels.write("my own label\n")
+    (copy / "1" / "model.py").write_text("# mine\n")
+    assert (MODELS / "resnet50_onnx" / "labels.txt").read_bytes() == original
+    assert (MODELS / "resnet50_onnx" / "1" / "model.py").read_text() != "# mine\n"
+
+
+@pytest.mark.parametrize("original, copies", [
+    ("resnet50_onnx/labels.txt", [f"{m}/labels.txt" for m in ("resnet50_trt", "resnet50_torch", "resnet50_int8",
+     "resnet50_openvino", "efficientnet_lite0_onnx", "efficientnet_lite0_trt", "efficientnet_lite0_int8",
+     "efficientnet_lite0_openvino")]),
+    ("resnet50_onnx/1/model.py", [f"{m}/1/model.py" for m in ("resnet50_int8", "efficientnet_lite0_onnx",
+     "efficientnet_lite0_int8", "text_orientation")]),
+    ("resnet50_openvino/1/model.py", ["efficientnet_lite0_openvino/1/model.py"]),
+])
+def test_the_copies_of_a_shared_file_stay_equal(original, copies):
+    """ImageNet's labels and the engine adapters are copies: an edit of one must be made to all."""
+    want = (MODELS / original).read_bytes()
+    assert [c for c in copies if (MODELS / c).read_bytes() != want] == []
 
 
 def test_classifier_families_have_their_own_preprocessing():

@@ -212,7 +212,9 @@ def test_bad_image_fails_only_its_request(make_pipeline):
     assert classifier.batch_sizes == [2]  # the failed request's good images are not classified
     probs = expected_probs([IMAGES[0], IMAGES[3]])
     assert [results[0].class_ids[0, 0], results[2].class_ids[0, 0]] == probs.argmax(axis=1).tolist()
-    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1}
+    # One request failed, with its three images: the two good ones fail with it.
+    assert timings.rejected_requests == {("unsupported_format", "INVALID_ARGUMENT"): 1}
+    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 3}
 
 
 def test_first_bad_image_is_the_one_named(make_pipeline):
@@ -327,6 +329,25 @@ def test_failure_of_a_still_ready_classifier_fails_the_requests(make_pipeline):
         assert PRIMARY in r.message and "is unavailable" in r.message
     assert (results[1].reason, results[1].code) == ("unsupported_format", "INVALID_ARGUMENT")  # its own error is kept
     assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 3}  # images: 2 + 1
+    assert timings.rejected_requests == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 2}
+
+
+def test_every_request_is_counted_once_with_every_image_it_carried(make_pipeline):
+    """The flow's bls_requests_total and bls_rejected_* (adapter/metrics.py) add up to what the
+    clients got: one count per request, by its code; every image of a failed one."""
+    from bls_pipeline.adapter.metrics import series
+
+    classifier = Classifier({PRIMARY})
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest([IMAGES[2], b"junk", IMAGES[3]]), ImageRequest(IMAGES[4:5], topk=0),
+                ImageRequest([]), ImageRequest(IMAGES[5:6])]
+    results, timings = make_pipeline(classifier).run(requests, classifier)
+    answered = sum(isinstance(r, Prediction) for r in results)
+    counts = series(timings, answered)
+    by_code = {key[1][1]: n for key, n in counts.items() if key[0] == "requests"}
+    assert by_code == {"OK": 2, "INVALID_ARGUMENT": 3}
+    assert sum(n for key, n in counts.items() if key[0] == "rejected") == 3 + 1 + 1  # the empty request counts as one
+    failed = [r for r in results if isinstance(r, RequestError)]
+    assert sum(n for key, n in counts.items() if key[0] == "rejected_requests") == len(failed)
 
 
 def test_wrong_output_shape_is_a_classifier_failure(make_pipeline):

@@ -213,3 +213,39 @@ def test_a_probe_that_waits_does_not_hold_up_the_looks(monkeypatch):
     finally:
         release.set()
         dog.stop()
+
+
+def test_models_ready_later_are_watched_from_the_next_round(dog):
+    """The watchdog asks which python models are READY before each round: one loaded later
+    through the repository API is probed, and its instances' stubs watched, from then on."""
+    configs = {m: parse_config(MODELS / m) for m in ("classify_bls", "resnet50_onnx", "image_quality")}
+    now = {"classify_bls": configs["classify_bls"]}
+    dog._models = lambda: dict(now)
+    dog._watch(dog._models())
+    assert list(dog._probes) == ["classify_bls"]
+    now.update(image_quality=configs["image_quality"])
+    dog._watch(dog._models())
+    assert list(dog._probes) == ["classify_bls", "image_quality"]
+    assert dog._instances["image_quality"] == {"image_quality_0_0"}
+
+
+def test_a_probes_outcome_is_kept_but_overload_and_timeouts_say_nothing(dog, monkeypatch):
+    from tritonclient.utils import InferenceServerException
+
+    answers = iter([None, InferenceServerException("[StatusCode.INTERNAL] no classifier can answer"),
+                    InferenceServerException("[503] Exceeds maximum queue size"), TimeoutError("timed out")])
+
+    def infer(model, inputs, **kwargs):
+        assert kwargs["request_id"] == "bls_probe" and kwargs["parameters"] == {"bls_probe": True}
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(dog._client, "infer", infer)
+    dog._probe("classify_bls", [])
+    assert dog.outcomes["classify_bls"].ok
+    dog._probe("classify_bls", [])
+    assert not dog.outcomes["classify_bls"].ok and "no classifier can answer" in dog.outcomes["classify_bls"].message
+    for _ in range(2):  # refused for overload, timed out: the last outcome stands
+        dog._probe("classify_bls", [])
+        assert not dog.outcomes["classify_bls"].ok and "no classifier" in dog.outcomes["classify_bls"].message

@@ -1,5 +1,6 @@
-"""An ONNX model run by onnxruntime (efficientnet_lite0_onnx links here): the file named by
-the `artifact` parameter, tensor names from config.pbtxt."""
+"""An ONNX model run by onnxruntime: the file named by the `artifact` parameter, tensor names
+from config.pbtxt. Every ONNX model's folder holds a copy of this file (a copy, not a link: a
+folder copied from one is its own; tests/unit/test_model_configs.py keeps the copies equal)."""
 
 import triton_python_backend_utils as pb_utils
 

@@ -1,0 +1,323 @@
+"""bls-serve's own endpoint (--status-port, 8003): readiness that follows the models an
+operator names, the request latency Triton's metrics lack, and the recent requests explained.
+
+    GET /ready      200 when every named model is READY and its last probe answered (a flow
+                    whose candidates all failed to load does not), else 503 naming why; it
+                    does not depend on any other model, so a model that failed its load, was
+                    unloaded or is fixed later changes nothing here (Triton's strict
+                    /v2/health/ready stays 400 after one failed load, even once it is unloaded)
+    GET /metrics    Prometheus text:
+        bls_request_duration_seconds{model}  histogram: a request's time in Triton, from its
+                    arrival to its response (its trace's REQUEST_START to REQUEST_END), every
+                    user's request that reached the model, answered or failed
+        bls_queue_duration_seconds{model}    histogram: the time it waited for an instance
+                    (QUEUE_START to COMPUTE_START)
+        bls_refused_requests_total{model}    requests Triton's queue refused (full, or waited
+                    out its timeout: 503) before the model saw them; Triton 2.51's own counters
+                    count them nowhere
+        bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index
+        bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
+    GET /requests?slowest=N, ?id=ID   the recent requests (the last KEEP) explained (explain.py)
+
+The latencies come from Triton's own request traces, which bls-serve turns on for every
+request (level TIMESTAMPS, one file per trace, read here and removed); the watchdog's probes
+(request id contract.PROBE_REQUEST_ID) are left out. The histograms of the models /ready
+follows, and the refusals of every READY model, are there from the start at 0, so that a
+rate over them sees the first request. The flows send one record per execute()
+to a datagram socket read here (adapter/records.py), which /requests joins with the traces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..contract import PROBE_REQUEST_ID
+from .explain import explain, slowest
+from .states import ModelStates
+from .traces import RequestTrace, TraceFiles
+
+__all__ = ["LATENCY_BOUNDS", "Histogram", "StatusServer"]
+
+log = logging.getLogger(__name__)
+
+# Seconds, 1 ms to 82 s: the E12 series (12 per decade, each bound at most 1.25x the one
+# before), so that histogram_quantile's interpolation inside a bucket stays within a few
+# percent of the true quantile.
+LATENCY_BOUNDS = tuple(round(m * 10.0 ** e, 6) for e in range(-3, 2)
+                       for m in (1.0, 1.2, 1.5, 1.8, 2.2, 2.7, 3.3, 3.9, 4.7, 5.6, 6.8, 8.2))
+KEEP = 10_000  # traces and execute() records kept for /requests
+
+
+class Histogram:
+    """Prometheus's histogram: cumulative counts per upper bound, their sum and count."""
+
+    def __init__(self, bounds: Sequence[float] = LATENCY_BOUNDS):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts):
+            running += n
+            le = "+Inf" if bound == math.inf else f"{bound:g}"
+            out.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
+        out += [f"{name}_sum{{{labels}}} {self.sum:.6f}", f"{name}_count{{{labels}}} {self.count}"]
+        return out
+
+
+_HELP = {
+    "bls_request_duration_seconds": ("histogram", "Seconds from a request's arrival in Triton to its response (its "
+                                     "trace's REQUEST_START to REQUEST_END), every user's request that reached the "
+                                     "model, answered or failed"),
+    "bls_queue_duration_seconds": ("histogram", "Seconds a user's request waited in Triton's queue for an instance "
+                                   "(QUEUE_START to COMPUTE_START)"),
+    "bls_refused_requests_total": ("counter", "Users' requests Triton's queue refused before the model saw them "
+                                   "(queue full, or its timeout: 503)"),
+    "bls_model_ready": ("gauge", "1 while the model is READY in Triton's repository index, else 0"),
+    "bls_model_load_failed": ("gauge", "1 while the model's last load failed (Triton's index: UNAVAILABLE with a reason)"),
+    "bls_watchdog_reloads_total": ("counter", "Reloads of the model by bls-serve's watchdog after its python stub died"),
+}
+
+
+class StatusServer:
+    """The endpoint on host:port, with what feeds it: Triton's trace files under
+    `trace_prefix` (removed once read when `own_traces`), the flows' records on the datagram
+    socket `records_path`, the model states, and the watchdog (a callable: the current one or
+    None). `ready_for`: the models /ready follows."""
+
+    def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path, own_traces: bool,
+                 records_path: Path, ready_for: Sequence[str], watchdog: Callable[[], object | None] = lambda: None,
+                 interval_s: float = 0.2, states_every_s: float = 1.0):
+        self.host, self.port = host, port
+        self.states = states
+        self._http_url = http_url
+        self.ready_for = tuple(ready_for)
+        self._watchdog = watchdog
+        self._files = TraceFiles(trace_prefix, remove=own_traces)
+        self._records_path = Path(records_path)
+        self._interval, self._states_every = interval_s, states_every_s
+        self._lock = threading.Lock()  # the histograms, counts and kept traces and records
+        self._collecting = threading.Lock()  # one reader of the trace files at a time (the thread's, /requests')
+        self._requests: dict[str, Histogram] = {}
+        self._queues: dict[str, Histogram] = {}
+        self._refused: dict[str, int] = {}
+        self.traces: deque[RequestTrace] = deque(maxlen=KEEP)
+        self.records: deque[dict] = deque(maxlen=KEEP)
+        self.serving = False  # set once tritonserver serves: /ready is 503 "starting" before
+        self._halt = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._http: ThreadingHTTPServer | None = None
+        self._socket: socket.socket | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._records_path.unlink(missing_ok=True)
+        self._socket.bind(str(self._records_path))
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        self._socket.settimeout(0.2)
+        handler = type("Handler", (_Handler,), {"status": self})
+        server = ThreadingHTTPServer if ":" not in self.host else type("Server6", (ThreadingHTTPServer,),
+                                                                        {"address_family": socket.AF_INET6})
+        self._http = server((self.host, self.port), handler)
+        self._http.daemon_threads = True
+        for target, name in ((self._http.serve_forever, "bls-status-http"), (self._collect, "bls-status-traces"),
+                             (self._receive, "bls-status-records"), (self._watch_states, "bls-status-states")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._socket is not None:
+            self._socket.close()
+            self._records_path.unlink(missing_ok=True)
+
+    # ---- what feeds it ---------------------------------------------------------------------
+    def _collect(self) -> None:
+        while not self._halt.wait(self._interval):
+            try:
+                self.collect()
+            except Exception as exc:  # noqa: BLE001 - a trace that breaks the reader is skipped, the reader goes on
+                log.warning("reading Triton's traces failed: %s", exc)
+
+    def collect(self) -> None:
+        """Read the trace files written since the last look (the thread's loop, and /requests first)."""
+        with self._collecting:
+            try:
+                traces = self._files.read_new()
+            except OSError as exc:  # the folder went with a stopped server
+                log.debug("trace files not read: %s", exc)
+                return
+            self._count(traces)
+
+    def _count(self, traces: list[RequestTrace]) -> None:
+        with self._lock:
+            for trace in traces:
+                # Users' requests: not the watchdog's probes, nor a flow's child call (written
+                # apart from its caller's trace).
+                if trace.request_id == PROBE_REQUEST_ID or not trace.model or trace.parent_id is not None:
+                    continue
+                if trace.refused:
+                    self._refused[trace.model] = self._refused.get(trace.model, 0) + 1
+                else:
+                    total = trace.span_ms("REQUEST_START", "REQUEST_END")
+                    queue = trace.span_ms("QUEUE_START", "COMPUTE_START")
+                    if total is not None:
+                        self._requests.setdefault(trace.model, Histogram()).observe(total / 1e3)
+                    if queue is not None:
+                        self._queues.setdefault(trace.model, Histogram()).observe(queue / 1e3)
+                self.traces.append(trace)
+
+    def _receive(self) -> None:
+        while not self._halt.is_set():
+            try:
+                data = self._socket.recv(1 << 20)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                record = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == "bls_execute":
+                with self._lock:
+                    self.records.append(record)
+
+    def _watch_states(self) -> None:
+        while not self._halt.wait(self._states_every):
+            try:
+                self.states.refresh()
+            except Exception as exc:  # noqa: BLE001 - the next look tries again
+                log.warning("reading the model states failed: %s", exc)
+
+    # ---- what it answers -------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if not self.serving:
+            return False, "starting: tritonserver is loading its models"
+        watchdog = self._watchdog()
+        outcomes = getattr(watchdog, "outcomes", {}) if watchdog is not None else {}
+        why = {}
+        for model in self.ready_for:
+            if not _model_ready(self._http_url, model):
+                entry = self.states.states.get(model, {})
+                why[model] = f"{entry.get('state') or 'not loaded'}" + (f" ({_first_line(entry['reason'])})"
+                                                                        if entry.get("reason") else "")
+            elif model in outcomes and not outcomes[model].ok:
+                why[model] = f"its last probe failed: {_first_line(outcomes[model].message)}"
+        if why:
+            return False, "not ready: " + "; ".join(f"{m} {w}" for m, w in why.items())
+        return True, "ready: " + ", ".join(self.ready_for)
+
+    def metrics(self) -> str:
+        lines = []
+
+        def family(name: str, rows: list[str]) -> None:
+            kind, text = _HELP[name]
+            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows])
+
+        with self._lock:
+            # The models /ready follows, and every READY one's refusals, are there from the start,
+            # at 0: a rate over them sees the first request (a series that appears at 1 shows none).
+            for model in self.ready_for:
+                self._requests.setdefault(model, Histogram())
+                self._queues.setdefault(model, Histogram())
+            for model, entry in self.states.states.items():
+                if entry["state"] == "READY":
+                    self._refused.setdefault(model, 0)
+            family("bls_request_duration_seconds",
+                   [ln for m, h in sorted(self._requests.items()) for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
+            family("bls_queue_duration_seconds",
+                   [ln for m, h in sorted(self._queues.items()) for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
+            family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}"}} {n}'
+                                                  for m, n in sorted(self._refused.items())])
+        states, failed = self.states.states, self.states.failed()
+        family("bls_model_ready", [f'bls_model_ready{{model="{m}"}} {int(s["state"] == "READY")}' for m, s in sorted(states.items())])
+        family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} {int(m in failed)}' for m in sorted(states)])
+        watchdog = self._watchdog()
+        reloads: dict[str, int] = {}
+        for recovery in getattr(watchdog, "recoveries", ()) if watchdog is not None else ():
+            reloads[recovery.model] = reloads.get(recovery.model, 0) + 1
+        family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {n}' for m, n in sorted(reloads.items())])
+        return "\n".join(lines) + "\n"
+
+    def requests(self, slowest_n: int | None = None, request_id: str | None = None) -> list[dict]:
+        """The recent requests explained: the slowest n, or those with this id."""
+        self.collect()
+        with self._lock:
+            traces, records = list(self.traces), list(self.records)
+        if request_id is not None:
+            chosen = [t for t in traces if t.request_id == request_id]
+        else:
+            chosen = slowest(traces, slowest_n or 1)
+        return [explain(t, records, traces) for t in chosen]
+
+
+def _model_ready(http_url: str, model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/models/{urllib.parse.quote(model)}/ready", timeout=2) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    status: StatusServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urllib.parse.urlparse(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        try:
+            if url.path == "/ready":
+                ok, text = self.status.readiness()
+                self._send(200 if ok else 503, text + "\n", "text/plain; charset=utf-8")
+            elif url.path == "/metrics":
+                self._send(200, self.status.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+            elif url.path == "/requests":
+                n = int(query.get("slowest", ["1"])[0])
+                found = self.status.requests(slowest_n=n, request_id=query.get("id", [None])[0])
+                self._send(200, json.dumps(found), "application/json")
+            else:
+                self._send(404, "GET /ready, /metrics or /requests\n", "text/plain; charset=utf-8")
+        except ValueError as exc:
+            self._send(400, f"{exc}\n", "text/plain; charset=utf-8")
+
+    def _send(self, code: int, body: str, content_type: str) -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:  # a probe every few seconds: not worth a line each
+        pass

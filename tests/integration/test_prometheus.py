@@ -1,0 +1,107 @@
+"""A real Prometheus (Debian's `prometheus`; .ci/run installs it) scrapes a real server, Triton's
+metrics port and bls-serve's status port, with deploy/monitoring/rules.yml as they stand: the
+broken-flow alert stays quiet while nothing failed and fires after one request to a flow whose
+child breaks its contract; the latency recording rule reads the status port's histogram."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.serve.client import ClassifyClient
+from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("prometheus") is None,
+                                 reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run does)")]
+
+FLOW = "classify_bls_broken_shape"  # its child answers 10 scores where its config says 1000: INTERNAL
+
+
+def _api(prometheus: str, path: str, **query) -> object:
+    url = f"http://{prometheus}/api/v1/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())["data"]
+
+
+def _alerts(prometheus: str, name: str) -> list[dict]:
+    return [a for a in _api(prometheus, "alerts")["alerts"] if a["labels"].get("alertname") == name
+            and a["labels"].get("model") == FLOW]
+
+
+def _wait(check, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def watched(model_repo, tmp_path, repo_root):
+    """A server with its status port, and a Prometheus scraping both endpoints every second."""
+    server = TritonServer(ServerOptions.on_free_ports(model_repo, tmp_path / "tritonserver.log", models=(FLOW,),
+                                                      status_port=free_port()))
+    server.start()
+    port = free_port()
+    shutil.copy(repo_root / "deploy" / "monitoring" / "rules.yml", tmp_path / "rules.yml")
+    metrics = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    status = server.status_url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["rules.yml"],
+        "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": [metrics]}]},
+                           {"job_name": "bls-serve", "static_configs": [{"targets": [status]}]}]}))
+    log = open(tmp_path / "prometheus.log", "wb")
+    proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield server, f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        server.stop()
+
+
+def test_the_broken_flow_alert_fires_after_one_broken_childs_request(watched, sample_images):
+    server, prometheus = watched
+
+    def scraped():
+        try:
+            up = _api(prometheus, "query", query="up")["result"]
+        except OSError:
+            return False
+        return len(up) == 2 and all(r["value"][1] == "1" for r in up)
+
+    _wait(scraped, "Prometheus scraping both endpoints")
+    # The flow's INTERNAL series is there from its load on, at 0: the alert has evaluated it, quiet.
+    query = f'bls_requests_total{{model="{FLOW}",code="INTERNAL"}}'
+    _wait(lambda: _api(prometheus, "query", query=query)["result"], "the INTERNAL series at 0")
+    time.sleep(3)  # a few evaluations
+    assert _alerts(prometheus, "BLSFlowBroken") == []
+    client = ClassifyClient(server.grpc_url, "grpc", model=FLOW)
+    with pytest.raises(InferenceServerException, match="broken_shape returned output with shape"):
+        client.classify([sample_images["mug"]])
+    client.close()
+    firing = _wait(lambda: [a for a in _alerts(prometheus, "BLSFlowBroken") if a["state"] == "firing"], "BLSFlowBroken firing")
+    assert firing[0]["labels"]["severity"] == "ticket"
+    assert firing[0]["annotations"]["summary"].startswith(f"{FLOW} answered ")
+    # The request reached the model: the latency rule reads the status port's histogram.
+    query = f'bls:request_duration_seconds:p99_5m{{model="{FLOW}"}} > 0'  # a number: the series was there at 0 before
+    p99 = _wait(lambda: _api(prometheus, "query", query=query)["result"], "the p99 recording")
+    assert float(p99[0]["value"][1]) < 60

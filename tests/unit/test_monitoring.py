@@ -1,0 +1,91 @@
+"""deploy/monitoring/ against the real Prometheus tools (Debian's `prometheus` package gives
+promtool; .ci/run installs it): the rules load, each alert fires and stays quiet where
+rules_test.yml says, the scrape config loads them, and every series the rules and the
+dashboard read is one the project exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bls_pipeline.adapter import metrics
+from bls_pipeline.serve import status
+
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
+# Triton's own series the rules or the dashboard may read.
+TRITON_SERIES = {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_queue_duration_us"}
+
+
+def _promtool(*args: str, cwd: Path = MONITORING) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@needs_promtool
+def test_the_rules_load():
+    done = _promtool("check", "rules", "rules.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_promtool
+def test_each_alert_fires_and_stays_quiet_where_the_rule_tests_say():
+    done = _promtool("test", "rules", "rules_test.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    tested = set(re.findall(r"alertname: (\w+)", (MONITORING / "rules_test.yml").read_text()))
+    alerts = set(re.findall(r"- alert: (\w+)", (MONITORING / "rules.yml").read_text()))
+    assert alerts and tested == alerts  # every alert has its cases
+
+
+@needs_promtool
+def test_the_rule_tests_catch_a_rule_that_does_not_fire(tmp_path):
+    """The rule tests can fail: with the broken-flow alert's threshold raised, its case fails."""
+    shutil.copy(MONITORING / "rules_test.yml", tmp_path)
+    rules = (MONITORING / "rules.yml").read_text()
+    broken = rules.replace('increase(bls_requests_total{code="INTERNAL"}[5m])) > 0', 'increase(bls_requests_total{code="INTERNAL"}[5m])) > 5')
+    assert broken != rules
+    (tmp_path / "rules.yml").write_text(broken)
+    done = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
+    assert done.returncode != 0 and "BLSFlowBroken" in done.stdout + done.stderr
+
+
+@needs_promtool
+def test_the_scrape_config_loads_with_its_rules():
+    done = _promtool("check", "config", "prometheus.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads((MONITORING / "dashboard.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+@needs_promtool
+def test_every_dashboard_query_is_promql(tmp_path):
+    """Each panel's query, its Grafana variable filled in, loads as a recording rule."""
+    exprs = _dashboard_exprs()
+    assert len(exprs) >= 10
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:panel_{i}", "expr": e.replace("$model", ".*")}
+                                                         for i, e in enumerate(exprs)]}]}
+    (tmp_path / "dashboard_rules.yml").write_text(json.dumps(rules))  # JSON is YAML
+    done = _promtool("check", "rules", "dashboard_rules.yml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _exported() -> set[str]:
+    """What the project exports: the flows' families, their restarts gauge, bls-serve's status port's."""
+    return {name for name, _ in metrics._FAMILIES.values()} | {"bls_server_restarts"} | set(status._HELP)
+
+
+def test_the_rules_and_the_dashboard_read_only_series_that_exist():
+    recorded = set(re.findall(r"record: ([\w:]+)", (MONITORING / "rules.yml").read_text()))
+    text = (MONITORING / "rules.yml").read_text() + "\n".join(_dashboard_exprs())
+    used = {re.sub(r"_(bucket|sum|count)$", "", name) for name in re.findall(r"\b((?:bls|nv)_[a-z_]+)\b", text)}
+    unknown = used - _exported() - TRITON_SERIES
+    assert unknown == set()
+    assert {name for name in re.findall(r"\b(bls:[\w:]+)", "\n".join(_dashboard_exprs()))} <= recorded
