@@ -60,6 +60,10 @@ def run_block(block: str, cwd: Path, timeout: int = 420) -> subprocess.Completed
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the block ran past {timeout} s; what it printed:\n{out[-6000:]}") from None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

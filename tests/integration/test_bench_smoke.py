@@ -27,7 +27,7 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
     for name in CASCADE_PHOTOS:
         shutil.copy(repo_root / "samples" / f"{name}.jpg", images)
     out = tmp_path / "bench"
-    code = bench.main(["--url", server.grpc_url, "--protocol", "grpc", "--concurrency", "1,2", "--duration", "1", "--warmup", "0.5",
+    code = bench.main(["--url", server.grpc_url, "--protocol", "grpc", "--concurrency", "1,2", "--duration", "1.5", "--warmup", "0.5",
                        "--model-repository", str(model_repo), "--images", str(images),
                        "--targets", "classifier,classify_bls,ensemble_resnet50,cascade@0.5", "--out", str(out)])
     assert code == 0
@@ -39,11 +39,13 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
     # Each client cycles through the photos in order (each then its mirror: E E N N N N), so
     # any run of n requests escalates n/3 of them, give or take 4/3 per client. Fractions, so
     # that a run at exactly 4/3 off (n = 6k + 2 from a cycle's start) is not lost to rounding.
+    # Over 4 requests per client, neither none nor all escalated passes (on a loaded 2-core
+    # machine the c=2 point once made 11 requests in 1 s).
     share = Fraction(sum(CASCADE_PHOTOS.values()), len(CASCADE_PHOTOS))
     for c in (1, 2):
         point = points["cascade@0.5", c]
         n = point["requests"]
-        assert n >= 6 * c, f"too few requests at concurrency {c} to check the escalated count: {n}"
+        assert n > 4 * c, f"too few requests at concurrency {c} to check the escalated count: {n}"
         escalated = round(point["escalated_fraction"] * n)
         assert abs(escalated - share * n) <= Fraction(4, 3) * c, f"{escalated} of {n} escalated at concurrency {c}; expected about {float(share * n):.1f}"
     assert points["classify_bls", 1]["escalated_fraction"] is None

@@ -26,3 +26,25 @@ def test_run_blocks_have_a_test_that_runs_them(doc):
 
 def test_the_readme_is_for_users():
     assert len((REPO / "README.md").read_bytes()) < 12 * 1024
+
+
+def test_the_servers_the_run_blocks_start_take_ports_of_their_own():
+    """The tests run these blocks side by side (pytest-xdist workers): a bls-serve that leaves
+    a port at its default clashes with the README's and exits, and the block waiting for it
+    to be ready waits forever (seen with the status port, 8003)."""
+    import re
+
+    from bls_pipeline.serve.server import ServerOptions
+
+    defaults = {"http": 8000, "grpc": 8001, "metrics": 8002, "status": 8003}
+    assert {k: getattr(ServerOptions(REPO / "models"), f"{k}_port") for k in ("http", "grpc", "metrics")} == \
+        {k: v for k, v in defaults.items() if k != "status"}
+    taken: dict[int, str] = {}
+    for doc in (d for d in DOCS if commands(d)):
+        for block in commands(doc):
+            for line in (ln for ln in block.splitlines() if re.match(r"\S*bls-serve\b", ln)):
+                ports = {what: int(p) for what, p in re.findall(r"--(http|grpc|metrics|status)-port (\d+)", line)}
+                where = f"{doc.relative_to(REPO)}: {line.split('#')[0].strip()}"
+                for what, port in ({**defaults, **ports}).items():
+                    assert port not in taken, f"{where}: {what} port {port} is also {taken[port]}'s"
+                    taken[port] = where
