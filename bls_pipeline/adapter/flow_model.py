@@ -114,11 +114,12 @@ def flow_model(pb_utils: Any) -> type:
             responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
             assert len(responses) == len(requests), "one response per request"
             times.lap("responses")
-            record = line(execution_record(self.runtime.name, self.instance, times, time.monotonic_ns(), *users,
-                                           probes=sum(probe), in_process=self.in_process.models if self.in_process else ()))
-            if self.runtime.runtime.log_executions:
-                log.info("%s", record)
-            self.records.send(record)
+            if self.runtime.runtime.log_executions or self.records.active:  # else nobody reads it: not built
+                record = line(execution_record(self.runtime.name, self.instance, times, time.monotonic_ns(), *users,
+                                               probes=sum(probe), in_process=self.in_process.models if self.in_process else ()))
+                if self.runtime.runtime.log_executions:
+                    log.info("%s", record)
+                self.records.send(record)
             return responses
 
         def finalize(self):

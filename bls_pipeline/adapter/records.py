@@ -114,6 +114,11 @@ class RecordSink:
             self._socket.setblocking(False)
         self.dropped = 0
 
+    @property
+    def active(self) -> bool:
+        """Whether records sent go anywhere."""
+        return self._socket is not None
+
     def send(self, text: str) -> None:
         if self._socket is None:
             return

@@ -124,7 +124,8 @@ def _decode_binary(data: bytes, policy: DecodePolicy) -> Image.Image:
         # Animated GIF/WebP and multi-page TIFF: Image.open leaves us on frame 0.
         img.load()
         scale = width / img.width  # > 1 when the JPEG was decoded at a reduced scale (draft)
-        rgb = _to_rgb(ImageOps.exif_transpose(img), policy.background)
+        ImageOps.exif_transpose(img, in_place=True)  # a copy of every image otherwise, turned or not
+        rgb = _to_rgb(img, policy.background)
         if scale != 1:
             rgb.info[DECODE_SCALE] = scale
         return rgb
