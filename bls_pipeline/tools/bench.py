@@ -658,6 +658,11 @@ def _overload(args, targets: list[str], images: list[bytes], server, flows: list
             recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=not args.no_timeout_parameter))
         args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
         (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+    if server is not None:  # the stop after the spikes, as an operator's SIGTERM would find the server
+        start = time.monotonic()
+        code = server.stop()
+        meta["stop"] = {"seconds": round(time.monotonic() - start, 2), "exit_code": code, "drained": server.last_stop.drained}
+        (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     table = overload.markdown(results, meta)
     (args.out / "overload.md").write_text(table)
     print(table)

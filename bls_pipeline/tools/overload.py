@@ -278,9 +278,14 @@ def markdown(results: list[OverloadResult], meta: dict) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         back = "not within the window" if r.recovery_s is None else f"{r.recovery_s:.2f}"
+        refusals = "-" if not r.refused else f"{r.refusal_p50_ms:.0f} / {r.refusal_p99_ms:.0f}"
         proto = r.protocol + ("" if r.timeout_parameter else " (no timeout parameter)")
         lines.append(f"| {r.target} | {proto} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / {r.normal_p99_ms:.0f} "
                      f"| {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | {r.goodput_ratio:.2f} | {r.finished} "
-                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} | {r.refusal_p50_ms:.0f} / {r.refusal_p99_ms:.0f} "
+                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} | {refusals} "
                      f"| {r.deadlines_passed} | {r.errors} | {back} | {r.load_cores:.2f} |")
+    stop = meta.get("stop")
+    if stop:
+        lines += ["", f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code "
+                      f"{stop['exit_code']}, {'drained' if stop['drained'] else 'NOT drained (models still busy when the drain gave up)'}."]
     return "\n".join(lines) + "\n"
