@@ -28,6 +28,8 @@ from bls_pipeline.contract import IMAGE, LABELS, ROUTE
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import tritonclient_module
 
+from polling import eventually
+
 pytestmark = pytest.mark.integration
 
 FLOW, CHEAP, MAIN, SHEDDING = "goodput_flow", "slow_cheap", "counted_main", "goodput_shedding"
@@ -221,10 +223,8 @@ def test_past_its_queue_delay_target_a_flow_refuses_at_once_what_it_cannot_start
     assert all(status in ("answered", "503") for status, _, _ in outcomes), outcomes
     # Counted: the flow's metrics reach the endpoint within a second or so (polled, not slept).
     shed = re.compile(rf'bls_dropped_images_total{{(?=[^}}]*model="{SHEDDING}")(?=[^}}]*why="shed")[^}}]*}} [1-9]')
-    deadline = time.monotonic() + 10
-    while not shed.search(text := urllib.request.urlopen(goodput_server.metrics_url, timeout=10).read().decode()):
-        assert time.monotonic() < deadline, "\n".join(line for line in text.splitlines() if "bls_dropped" in line)
-        time.sleep(0.2)
+    eventually(lambda: shed.search(urllib.request.urlopen(goodput_server.metrics_url, timeout=10).read().decode()),
+               f"bls_dropped_images_total{{model={SHEDDING!r}, why='shed'}} above 0", timeout_s=10)
 
 
 def test_the_server_stops_cleanly_after_cancellations(goodput_server):

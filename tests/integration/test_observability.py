@@ -36,6 +36,8 @@ from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient, tritonclient_module
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
+from polling import eventually
+
 pytestmark = pytest.mark.integration
 
 BAD, BAD_FLOW, GOOD_FLOW, TINY_QUEUE = "resnet50_bad", "classify_bad", "classify_bls_resnet50", "classify_tiny_queue"
@@ -93,16 +95,6 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _eventually(check, timeout_s: float = 20.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} did not come within {timeout_s:.0f} s"
-        time.sleep(0.2)
-
-
 def _infer(server, protocol: str, model: str, image: bytes, request_id: str = "") -> InferenceServerException | None:
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(server.url(protocol))
@@ -150,7 +142,7 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
     kept.unload_model(BAD)
     with pytest.raises(Exception):  # the repository API's load of the broken model fails
         kept.load_model(BAD)
-    code, text = _eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(_get(ready)),
+    code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(_get(ready)),
                              what="not ready, naming the failed load")
     assert f"{BAD_FLOW} its last probe failed: [500] no classifier is ready (tried, in order: {BAD}); {BAD} failed to load" in text
     assert "classify_bls_broken_shape" in text  # its probe fails too (its child is broken): not ready
@@ -159,7 +151,7 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
     _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 1000)
     try:
         kept.load_model(BAD)
-        _eventually(lambda: BAD_FLOW not in _get(ready)[1], what=f"{BAD_FLOW} ready again")
+        eventually(lambda: BAD_FLOW not in _get(ready)[1], what=f"{BAD_FLOW} ready again")
     finally:
         kept.unload_model(BAD)
         _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 10)
@@ -173,7 +165,7 @@ def test_readiness_of_models_the_failed_load_does_not_touch_stays(broken_repo, t
     server.start()
     try:
         ready = f"{server.status_url}/ready"
-        _eventually(lambda: _get(ready)[0] == 200, what="ready")
+        eventually(lambda: _get(ready)[0] == 200, what="ready")
         with pytest.raises(Exception):
             server.load_model(BAD)
         server.unload_model(BAD)
@@ -189,13 +181,13 @@ def test_the_watchdog_probes_a_model_loaded_later_and_brings_it_back(kept):
     rounds, and reloaded when its stub is killed."""
     kept.load_model("image_quality")
     try:
-        _eventually(lambda: "image_quality" in kept.watchdog.outcomes and kept.watchdog.outcomes["image_quality"].ok,
+        eventually(lambda: "image_quality" in kept.watchdog.outcomes and kept.watchdog.outcomes["image_quality"].ok,
                     what="a probe of image_quality")
         (pid,) = [int(line.split()[0]) for line in subprocess.run(["pgrep", "-a", "-g", str(kept.pid)], capture_output=True,
                                                                    text=True).stdout.splitlines()
                   if "triton_python_backend_stub" in line and " image_quality_0_0 " in line]
         os.kill(pid, signal.SIGKILL)
-        _eventually(lambda: any(r.model == "image_quality" and r.recovered_at for r in kept.watchdog.recoveries),
+        eventually(lambda: any(r.model == "image_quality" and r.recovered_at for r in kept.watchdog.recoveries),
                     what="the reload of image_quality")
         assert re.search(r'bls_watchdog_reloads_total\{model="image_quality"\} 1', _get(f"{kept.status_url}/metrics")[1])
     finally:
@@ -218,7 +210,7 @@ def test_the_latency_histogram_counts_users_requests_and_not_the_probes(kept, sa
         client.classify([sample_images["mug"]])
     client.close()
     assert _infer(kept, "http", GOOD_FLOW, b"not an image") is not None  # failed: counted too
-    _eventually(lambda: _histogram_count(kept, GOOD_FLOW) - before == 6, what="6 requests in the histogram")
+    eventually(lambda: _histogram_count(kept, GOOD_FLOW) - before == 6, what="6 requests in the histogram")
     time.sleep(1.0)
     assert _histogram_count(kept, GOOD_FLOW) - before == 6
     text = _get(f"{kept.status_url}/metrics")[1]
@@ -255,19 +247,19 @@ def test_the_requests_tritons_queue_refused_are_counted_where_triton_counts_none
         t.join(timeout=120)
     refused = [e for e in errors if "Exceeds maximum queue size" in e]
     assert refused and len(refused) == len(errors), errors
-    _eventually(lambda: count(status, "bls_refused_requests_total") - before["bls_refused_requests_total"] == len(refused),
+    eventually(lambda: count(status, "bls_refused_requests_total") - before["bls_refused_requests_total"] == len(refused),
                 what=f"{len(refused)} refusals counted")
     assert count(triton, "nv_inference_request_failure") == before["nv_inference_request_failure"]
     # (the watchdog's probes of it count among the successes too; Triton records a success
     # after the answer has gone, so a client may read the counter before it moves)
-    _eventually(lambda: count(triton, "nv_inference_request_success") - before["nv_inference_request_success"] >= 8 - len(refused),
+    eventually(lambda: count(triton, "nv_inference_request_success") - before["nv_inference_request_success"] >= 8 - len(refused),
                 what=f"{8 - len(refused)} answers counted as successes")
 
 
 def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
     assert _infer(kept, "grpc", GOOD_FLOW, sample_images["coffee"], request_id="explain-me") is None
     status = kept.status_url.removeprefix("http://")
-    out = _eventually(lambda: (lambda p: p.stdout if p.returncode == 0 else None)(subprocess.run(
+    out = eventually(lambda: (lambda p: p.stdout if p.returncode == 0 else None)(subprocess.run(
         [str(Path(sys.executable).parent / "bls-explain"), "--status", status, "--request", "explain-me"],
         capture_output=True, text=True, timeout=60)), what="the request explained")
     assert out.startswith(f"{GOOD_FLOW} request explain-me (trace ")
@@ -293,7 +285,7 @@ def test_log_executions_is_switched_on_at_run_time(kept, sample_images):
     try:
         assert kept.admin.config(GOOD_FLOW)["parameters"]["log_executions"]["string_value"] == "true"
         assert _infer(kept, "http", GOOD_FLOW, sample_images["mug"], request_id="logged-1") is None
-        _eventually(lambda: '"requests":["logged-1"]' in log.read_text(errors="replace").replace('\\"', '"'),
+        eventually(lambda: '"requests":["logged-1"]' in log.read_text(errors="replace").replace('\\"', '"'),
                     what="the execute() line in the log")
     finally:
         subprocess.run([*explain, "--log-executions", "off", GOOD_FLOW], capture_output=True, text=True, timeout=300)

@@ -19,6 +19,8 @@ from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 from tritonclient.utils import InferenceServerException
 
+from polling import eventually
+
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None,
                                  reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run does)")]
@@ -35,16 +37,6 @@ def _api(prometheus: str, path: str, **query) -> object:
 def _alerts(prometheus: str, name: str) -> list[dict]:
     return [a for a in _api(prometheus, "alerts")["alerts"] if a["labels"].get("alertname") == name
             and a["labels"].get("model") == FLOW]
-
-
-def _wait(check, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -88,20 +80,22 @@ def test_the_broken_flow_alert_fires_after_one_broken_childs_request(watched, sa
             return False
         return len(up) == 2 and all(r["value"][1] == "1" for r in up)
 
-    _wait(scraped, "Prometheus scraping both endpoints")
+    eventually(scraped, "Prometheus scraping both endpoints", timeout_s=60.0, every_s=0.5)
     # The flow's INTERNAL series is there from its load on, at 0: the alert has evaluated it, quiet.
     query = f'bls_requests_total{{model="{FLOW}",code="INTERNAL"}}'
-    _wait(lambda: _api(prometheus, "query", query=query)["result"], "the INTERNAL series at 0")
+    eventually(lambda: _api(prometheus, "query", query=query)["result"], "the INTERNAL series at 0",
+               timeout_s=60.0, every_s=0.5)
     time.sleep(3)  # a few evaluations
     assert _alerts(prometheus, "BLSFlowBroken") == []
     client = ClassifyClient(server.grpc_url, "grpc", model=FLOW)
     with pytest.raises(InferenceServerException, match="broken_shape returned output with shape"):
         client.classify([sample_images["mug"]])
     client.close()
-    firing = _wait(lambda: [a for a in _alerts(prometheus, "BLSFlowBroken") if a["state"] == "firing"], "BLSFlowBroken firing")
+    firing = eventually(lambda: [a for a in _alerts(prometheus, "BLSFlowBroken") if a["state"] == "firing"], "BLSFlowBroken firing",
+                        timeout_s=60.0, every_s=0.5)
     assert firing[0]["labels"]["severity"] == "ticket"
     assert firing[0]["annotations"]["summary"].startswith(f"{FLOW} answered ")
     # The request reached the model: the latency rule reads the status port's histogram.
     query = f'bls:request_duration_seconds:p99_5m{{model="{FLOW}"}} > 0'  # a number: the series was there at 0 before
-    p99 = _wait(lambda: _api(prometheus, "query", query=query)["result"], "the p99 recording")
+    p99 = eventually(lambda: _api(prometheus, "query", query=query)["result"], "the p99 recording", timeout_s=60.0, every_s=0.5)
     assert float(p99[0]["value"][1]) < 60

@@ -1,0 +1,21 @@
+"""Waiting for what a server shows a little later than the answer that caused it: a metric
+flushed, a state reached, an alert firing."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T], what: str = "the condition", timeout_s: float = 20.0, every_s: float = 0.2) -> T:
+    """check() every `every_s` until it returns something true, and return that; fail, naming
+    `what`, once `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(every_s)
