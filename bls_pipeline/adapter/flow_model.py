@@ -27,7 +27,8 @@ from ..runtime import model_states
 from ..runtime.engine import FlowRuntime
 from ..runtime.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
-from .glue import bridge_logging, declared_outputs, freeze_startup_objects, instance_count, instance_device, is_probe, model_parameters
+from .glue import (bridge_logging, declared_outputs, freeze_startup_objects, instance_count, instance_device, is_probe,
+                   model_parameters, request_parameters)
 from .metrics import FlowMetrics
 from .records import ExecuteTimes, RecordSink, TimedSend, execution_record, line
 from .shared_stamp import SharedStamp
@@ -82,7 +83,8 @@ def flow_model(pb_utils: Any) -> type:
             # the models it called just worked, and the users' responses, sent together with the
             # probes', would otherwise wait for a run of their own (measured: up to 0.5 s here).
             times = ExecuteTimes()
-            probe = [is_probe(r) for r in requests]
+            params = [request_parameters(r) for r in requests]  # read once: the probe flag, then the flow's
+            probe = [is_probe(r, p) for r, p in zip(requests, params)]
             results = [None] * len(requests)
             users = ([], [], None)  # the users' request ids, answers and timings, for the record
             for probing in (False, True):
@@ -98,7 +100,7 @@ def flow_model(pb_utils: Any) -> type:
                 # that request, so only calls made within this execute() may carry it.
                 self.transport.trace = requests[part[0]].trace()
                 try:
-                    inputs = [_read(pb_utils, requests[i]) for i in part]
+                    inputs = [_read(pb_utils, requests[i], params[i]) for i in part]
                     times.lap("read")
                     answers, timings = self.runtime.run(inputs, self.send, probe=probing)
                 finally:
@@ -144,20 +146,16 @@ def _queue(args: dict) -> tuple[int, float]:
     return int(config.get("max_batch_size", 0) or 0), delay_us / 1e6
 
 
-def _read(pb_utils: Any, request: Any) -> ImageRequest:
+def _read(pb_utils: Any, request: Any, parameters: dict) -> ImageRequest:
     image = pb_utils.get_input_tensor_by_name(request, IMAGE.name)
     topk = pb_utils.get_input_tensor_by_name(request, TOPK.name)
-    try:
-        parameters = json.loads(request.parameters() or "{}")
-    except ValueError:
-        parameters = {}
     timeout_us = request.timeout()  # Triton's `timeout` request parameter, microseconds (0: none)
     return ImageRequest(
         images=[] if image is None else list(image.as_numpy().reshape(-1)),  # none: the runtime says so
         topk=None if topk is None else tuple(int(k) for k in topk.as_numpy().reshape(-1)),
         outputs=frozenset(request.requested_output_names()),  # all of them when the client named none
         id=request.request_id(),
-        parameters=parameters if isinstance(parameters, dict) else {},
+        parameters=parameters,
         timeout_s=timeout_us / 1e6 if timeout_us else None,
         cancelled=request.is_cancelled,
     )

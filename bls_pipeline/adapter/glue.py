@@ -17,7 +17,7 @@ from ..contract import PROBE_PARAMETER
 from ..runtime.children import TensorInfo
 
 __all__ = ["bridge_logging", "declared_outputs", "freeze_startup_objects", "instance_count", "instance_device", "is_probe",
-           "model_parameters", "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
+           "model_parameters", "request_parameters", "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
 
 
 class _TritonLogHandler(logging.Handler):
@@ -118,9 +118,17 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def is_probe(request: Any) -> bool:
-    """Whether the request carries {PROBE_PARAMETER: true} among its parameters (the watchdog's)."""
+def request_parameters(request: Any) -> dict:
+    """The request's parameters (KServe v2 `parameters`, Triton's own among them); {} when
+    it has none or they do not parse."""
     try:
-        return json.loads(request.parameters() or "{}").get(PROBE_PARAMETER) is True
+        parameters = json.loads(request.parameters() or "{}")
     except (ValueError, AttributeError):
-        return False
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
+
+
+def is_probe(request: Any, parameters: dict | None = None) -> bool:
+    """Whether the request carries {PROBE_PARAMETER: true} among its parameters (the
+    watchdog's); `parameters`: request_parameters(request), where already read."""
+    return (request_parameters(request) if parameters is None else parameters).get(PROBE_PARAMETER) is True
