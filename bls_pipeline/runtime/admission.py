@@ -90,7 +90,6 @@ class QueueWait:
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self._drained_at: float | None = None  # start of the last execute() that emptied the queue
-        self._last_end: float | None = None
         # The model's other instances empty the same queue: when any of them last did (the
         # adapter's shared stamp), else this instance's own knowledge alone.
         self._shared = shared
@@ -117,9 +116,6 @@ class QueueWait:
             if self._shared is not None:
                 self._shared.raise_to(now)
         return wait
-
-    def finished(self, now: float) -> None:
-        self._last_end = now
 
 
 @dataclass
@@ -271,8 +267,7 @@ class Admission:
                   f"queue_delay_target_ms={self.target_s * 1e3:g}; refused at once: try again later")
 
     def close(self, images: int) -> None:
-        """The execute() is over: what its admitted images cost, and when it ended."""
+        """The execute() is over: what its admitted images cost."""
         now = self.clock()
         if self._started is not None and images:
             self.costs.observe("execute", now - self._started, images)
-        self.wait.finished(now)

@@ -212,12 +212,9 @@ def test_local_flow_takes_a_deadline():
 def test_the_queue_wait_bound():
     wait = QueueWait(max_batch_size=8, max_queue_delay_s=0.0)
     assert wait.started(10.0, 3) == 0.0  # the first: nothing known, the queue emptied now
-    wait.finished(10.5)
     assert wait.started(10.502, 8) == pytest.approx(0.502)  # came after 10.0 at the earliest
-    wait.finished(11.0)
     # that batch was full: the queue may not have emptied; the bound stays on 10.0
     assert wait.started(11.001, 3) == pytest.approx(1.001)
-    wait.finished(11.2)
     # one or two requests: no queue stood in front of them
     assert wait.started(12.0, 1) == pytest.approx(0.010)
     assert QueueWait(8, max_queue_delay_s=0.1).started(13.0, 2) == pytest.approx(0.110)
@@ -248,7 +245,7 @@ def test_past_the_queue_delay_target_it_sheds_the_oldest_until_the_queue_drains(
     requests = [ImageRequest([photo()]) for _ in range(20)]
 
     def execute(n, waited_since):
-        door.wait._drained_at, door.wait._last_end = waited_since, clock.now - 0.001
+        door.wait._drained_at = waited_since
         req_clock, wait = door.open(requests[:n])
         results = [None] * n
         from bls_pipeline.runtime.results import Timings
@@ -304,7 +301,7 @@ def test_requests_running_out_of_time_in_the_queue_start_the_shedding():
     door.costs.observe("execute", 0.1, 10)  # 10 ms an image
     from bls_pipeline.runtime.results import Timings
 
-    door.wait._drained_at, door.wait._last_end = clock.now - 0.3, clock.now - 0.001  # waited up to 0.3 s: under the target
+    door.wait._drained_at = clock.now - 0.3  # waited up to 0.3 s: under the target
     requests = [ImageRequest([photo()], timeout_s=0.35) for _ in range(20)]  # but their deadlines fit 5 of them
     req_clock, wait = door.open(requests)
     results = [None] * 20
@@ -319,9 +316,7 @@ def test_instances_share_when_the_queue_was_last_emptied(tmp_path):
     a_stamp, b_stamp = SharedStamp("flow", server_pid=1, folder=tmp_path), SharedStamp("flow", server_pid=1, folder=tmp_path)
     a, b = QueueWait(64, shared=a_stamp), QueueWait(64, shared=b_stamp)
     assert b.started(10.0, 4) == 0.0  # B empties the queue at 10.0
-    b.finished(10.001)
     assert a.started(10.5, 4) == pytest.approx(0.5)  # A knows nothing of its own: B's 10.0
-    a.finished(10.501)
     # B again: its own bound says 10.0, A's batch at 10.5 emptied the queue later
     assert b.started(10.6, 4) == pytest.approx(0.1)
     assert SharedStamp("other", server_pid=1, folder=tmp_path).read() == 0.0  # one stamp per model
