@@ -31,7 +31,7 @@ from .glue import (bridge_logging, declared_outputs, freeze_startup_objects, ins
                    model_parameters, request_parameters)
 from .metrics import FlowMetrics
 from .records import ExecuteTimes, RecordSink, TimedSend, execution_record, line
-from .shared_stamp import SharedStamp
+from .queue_waits import QueueWaitReader
 from .transport import TritonTransport
 
 __all__ = ["flow_model"]
@@ -47,12 +47,12 @@ def flow_model(pb_utils: Any) -> type:
         def initialize(self, args):
             bridge_logging(pb_utils)
             model_dir = Path(args["model_repository"])
-            self.queue_stamp = SharedStamp(args["model_name"])  # when any instance last emptied the queue
+            self.queue_waits = QueueWaitReader(args["model_name"])  # Triton's measure of the queue, from bls-serve
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=declared_outputs(args), queue=_queue(args),
-                                            shared_queue=self.queue_stamp)
+                                            outputs=declared_outputs(args), max_batch_size=_max_batch_size(args),
+                                            queue_reading=self.queue_waits.read)
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
@@ -83,6 +83,17 @@ def flow_model(pb_utils: Any) -> type:
             # the models it called just worked, and the users' responses, sent together with the
             # probes', would otherwise wait for a run of their own (measured: up to 0.5 s here).
             times = ExecuteTimes()
+            sent = set()  # requests answered at the door, before the others' run
+
+            def answer_now(door_results: list, part: list[int]) -> None:
+                # Refused before any work (gone, shed, a bad parameter): answered now, through
+                # the request's response sender, not after the run of the requests kept.
+                for i, res in zip(part, door_results):
+                    if res is not None and i not in sent:
+                        sender = requests[i].get_response_sender()
+                        sender.send(_respond(pb_utils, res, set()), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                        sent.add(i)
+
             params = [request_parameters(r) for r in requests]  # read once: the probe flag, then the flow's
             probe = [is_probe(r, p) for r, p in zip(requests, params)]
             results = [None] * len(requests)
@@ -102,7 +113,8 @@ def flow_model(pb_utils: Any) -> type:
                 try:
                     inputs = [_read(pb_utils, requests[i], params[i]) for i in part]
                     times.lap("read")
-                    answers, timings = self.runtime.run(inputs, self.send, probe=probing)
+                    answers, timings = self.runtime.run(inputs, self.send, probe=probing,
+                                                        at_door=lambda res: answer_now(res, part))
                 finally:
                     self.transport.trace = None
                 run_ms, child_seconds = times.lap("probes" if probing else None), self.send.take()
@@ -113,7 +125,9 @@ def flow_model(pb_utils: Any) -> type:
                     users = ([requests[i].request_id() for i in part], answers, timings)
                 for i, answer in zip(part, answers):
                     results[i] = answer
-            responses = [_respond(pb_utils, res, set(r.requested_output_names())) for res, r in zip(results, requests)]
+            # One response per request: None for one answered at the door already.
+            responses = [None if i in sent else _respond(pb_utils, res, set(r.requested_output_names()))
+                         for i, (res, r) in enumerate(zip(results, requests))]
             assert len(responses) == len(requests), "one response per request"
             times.lap("responses")
             if self.runtime.runtime.log_executions or self.records.active:  # else nobody reads it: not built
@@ -128,7 +142,7 @@ def flow_model(pb_utils: Any) -> type:
             self.metrics.close()
             self.records.close()
             self.runtime.close()
-            self.queue_stamp.close()
+            self.queue_waits.close()
             self.transport.close()
             if self.in_process is not None:
                 self.in_process.close()
@@ -138,12 +152,10 @@ def flow_model(pb_utils: Any) -> type:
     return TritonPythonModel
 
 
-def _queue(args: dict) -> tuple[int, float]:
-    """The model's max_batch_size and its dynamic batcher's max_queue_delay, in seconds: what
-    the runtime needs to bound how long a request waited (runtime/admission.py)."""
-    config = json.loads(args["model_config"])
-    delay_us = int((config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds", 0) or 0)
-    return int(config.get("max_batch_size", 0) or 0), delay_us / 1e6
+def _max_batch_size(args: dict) -> int:
+    """The most requests Triton hands one execute(): one that came this full found a queue at
+    least that long (runtime/admission.py)."""
+    return int(json.loads(args["model_config"]).get("max_batch_size", 0) or 0)
 
 
 def _read(pb_utils: Any, request: Any, parameters: dict) -> ImageRequest:

@@ -13,11 +13,13 @@
     bls_executions_total                 execute() calls (mean stage latency = seconds / executions)
     bls_dropped_images_total{why,stage,code}  images of requests dropped before they finished:
                                          cancelled (the client went), expired (its deadline passed),
-                                         no_time (too little left for the next stage), shed (queue
-                                         delay over queue_delay_target_ms); stage: admission (before
+                                         no_time (too little left for the next stage), shed (a standing
+                                         queue over queue_delay_target_ms); stage: admission (before
                                          decoding) or the child model about to be called
-    bls_queue_wait_seconds               (gauge) the instance's bound on how long the requests of its
-                                         last execute() waited in Triton's queue (runtime/admission.py)
+    bls_queue_wait_seconds               (gauge) the mean wait in Triton's queue, as Triton measured it,
+                                         of the requests that left it in the latest window before this
+                                         instance's last execute() (runtime/admission.py); 0 where
+                                         nobody measures it (no bls-serve)
     bls_child_calls_total{child}         child requests sent, by child model
     bls_child_images_total{child}        images in them
     bls_child_seconds_total{child}       seconds waiting for them (concurrent calls overlap)
@@ -143,8 +145,8 @@ class FlowMetrics:
         self._restarts_metric = self._restarts.Metric(labels=self._labels)
         self._restarts_metric.set(_restarts())
         self._wait = family(name="bls_queue_wait_seconds", kind=family.GAUGE,
-                            description="Upper bound on how long the requests of this instance's last execute() waited in "
-                                        "Triton's queue")
+                            description="Mean wait in Triton's queue, as Triton measured it, of the requests that left "
+                                        "it in the latest window before this instance's last execute()")
         self._wait_metric = self._wait.Metric(labels=self._labels)
         self._wait_s: float | None = None
         # Every code's series exists from the load on, at 0: a rate or increase() over it sees

@@ -1,10 +1,17 @@
 """Work only for clients still waiting: deadlines, cancellation and shedding.
 
-What the runtime knows of a request's time (Triton 2.51's python backend tells no arrival time):
+What the runtime knows of a request's time (Triton 2.51's python backend tells no arrival time,
+and a gRPC deadline does not reach the model: the `grpc-timeout` header is not forwarded):
 
-- its deadline: the client's `timeout` request parameter, counted from when the request may
-  have arrived at the latest guess: the flow instance's own upper bound on the queue wait
-  (QueueWait below), so a deadline is never thought later than it is;
+- how long requests waited in Triton's queue: Triton's own measurement (its statistics
+  extension: each model's queue time and count), which bls-serve reads every POLL_S and the
+  instances share (adapter/queue_waits.py): the mean wait of the requests that left the queue
+  in the latest window, and the lowest such mean over the last interval (QueueReading). Where
+  nobody measures it (a server started without bls-serve), it is unknown, and the runtime
+  refuses nothing on it;
+- its deadline: the client's `timeout` request parameter, counted from when it arrived as
+  Triton measured the queue's wait (Triton itself refuses one whose timeout passes while it
+  is queued: allow_timeout_override);
 - whether its client has gone: `request.is_cancelled()` (a gRPC call cancelled, or its
   deadline passed), asked at a stage once CANCEL_CHECK_S has passed since it was last asked
   (each ask is a round trip to the server: about 0.1 ms of the stub's time here, profiled; at
@@ -16,30 +23,34 @@ cover the next stage, as measured (Costs), is refused at once: 503 / UNAVAILABLE
 A call is not grown past what its rows' deadlines allow: the rows with the least time left
 are refused until the call's predicted time fits the rest.
 
-For clients that give no deadline, a queue-delay target per flow (`queue_delay_target_ms`):
-once the queue wait bound passes it, the instance sheds (Admission): each execute() answers
-only as many of its requests, the newest first, as it can finish in a fifth of the target
-(50 ms at most), and refuses the rest at once; it stops shedding once an execute() gets no
-more than that (the queue drained). The queue stays short, so refusals come back fast, and
-what is answered waited less than the target.
+For clients that give no deadline, a queue-delay target per flow (`queue_delay_target_ms`),
+as CoDel does for packets: the instance sheds only on a standing queue, that is when both
+
+- Triton measured every window's mean wait over the last interval above the target, and
+- the execute() came full (max_batch_size requests: the queue held at least that many),
+
+never on one slow request or one slow execute(). While it sheds, an execute() answers only as
+many of its requests, the newest first, as it can finish in a fifth of the target (50 ms at
+most), and refuses the rest at once. Most refusals under overload are Triton's own, cheaper
+and sooner: its queue holds max_queue_size requests and refuses the next on arrival.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 
-__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueWait", "RequestClock"]
+__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueReading", "RequestClock"]
 
 CANCEL_CHECK_S = 0.005  # a request's client is asked about again only after this long (each ask ~0.1 ms)
-# An execute() that gets at most IDLE_BATCH requests had no queue in front of it: its requests
-# are taken to have waited no more than the batcher's delay and a handoff (IDLE_GAP_S).
-IDLE_GAP_S, IDLE_BATCH = 0.010, 2
+# A reading of Triton's queue older than this says nothing of the queue now (bls-serve writes
+# one every POLL_S: it stopped, or the model is new).
+STALE_S = 1.0
 # What an answer needs after the runtime's last look at its deadline: top-k, the response's way
 # back through Triton to the client.
 RESPONSE_S = 0.010
@@ -71,51 +82,21 @@ class Costs:
         return self._per_image.get(stage)
 
 
-class SharedTime(Protocol):
-    """A time the instances of one model share (adapter/shared_stamp.py): 0 until one wrote it."""
+@dataclass(frozen=True)
+class QueueReading:
+    """What Triton measured of a model's queue (bls-serve's reading of its statistics): when
+    (`at`, on the monotonic clock every process shares), the mean wait of the requests that
+    left the queue in the latest window (`wait_s`, over `requests` of them), and the lowest
+    window mean over the last `interval_s` (`standing_s`: the queue stood that long at least)."""
 
-    def read(self) -> float: ...
-    def raise_to(self, value: float) -> None: ...
+    at: float
+    wait_s: float
+    standing_s: float
+    requests: int
+    interval_s: float
 
-
-class QueueWait:
-    """An upper bound on how long the requests of an execute() waited in Triton's queue:
-    right after an execute() that got fewer requests than max_batch_size, the queue was empty
-    (the batcher took them all), so every later request came after it (any instance's such
-    execute(): the instances share the time of the latest). An execute() of one or two
-    requests (IDLE_BATCH) had no queue in front of it, and counts the batcher's delay alone.
-    None for max_batch_size: no queue in front (LocalFlow), no wait."""
-
-    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float = 0.0, shared: SharedTime | None = None):
-        self.max_batch_size = max_batch_size
-        self.max_queue_delay_s = max_queue_delay_s
-        self._drained_at: float | None = None  # start of the last execute() that emptied the queue
-        # The model's other instances empty the same queue: when any of them last did (the
-        # adapter's shared stamp), else this instance's own knowledge alone.
-        self._shared = shared
-
-    def started(self, now: float, requests: int) -> float:
-        if self.max_batch_size is None:
-            return 0.0
-        bounds = []
-        drained = self._drained_at
-        if self._shared is not None:
-            anyone = self._shared.read()  # 0: no instance wrote it yet
-            if anyone > 0 and (drained is None or anyone > drained):
-                drained = anyone
-        if drained is not None:
-            bounds.append(now - drained)
-        if requests <= IDLE_BATCH:
-            # One or two requests: no queue stood in front of them. Whether they came just now
-            # or waited out two long execute()s cannot be told apart; either way nothing is
-            # lined up to shed, and a deadline counted from now errs by that wait at most.
-            bounds.append(self.max_queue_delay_s + IDLE_GAP_S)
-        wait = max(0.0, min(bounds)) if bounds else 0.0
-        if self.max_batch_size <= 0 or requests < self.max_batch_size:
-            self._drained_at = now
-            if self._shared is not None:
-                self._shared.raise_to(now)
-        return wait
+    def fresh(self, now: float) -> bool:
+        return self.requests > 0 and 0.0 <= now - self.at <= STALE_S
 
 
 @dataclass
@@ -134,9 +115,10 @@ class RequestClock:
     def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float],
               slack: float = 0.0, late_cancel: Callable[[float], None] | None = None,
               queued: bool = False) -> "RequestClock":
-        """Each deadline counted from the earliest the request can have entered the queue (now
-        less the wait bound), less `slack` (how much later than the client's own the runtime's
-        estimates have turned out) and the answer's way back (RESPONSE_S)."""
+        """Each deadline counted from when the request entered the queue, as Triton measured the
+        queue's wait (`wait`; 0 where nobody measured it), less `slack` (how much later than the
+        client's own the runtime's estimates have turned out) and the answer's way back
+        (RESPONSE_S)."""
         deadlines = np.array([now - wait + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
                               for r in requests], dtype=np.float64)
         made = cls(requests, deadlines, clock, late_cancel=late_cancel)
@@ -205,26 +187,31 @@ def _fail(results: list, timings: Timings, r: int, images: int, stage: str, why:
 
 
 class Admission:
-    """One flow instance's door: its queue-wait bound, what an image costs it, and whether it
-    is shedding (a queue-delay target passed)."""
+    """One flow instance's door: what Triton measured of its queue, what an image costs it,
+    and whether it is shedding (a standing queue past the queue-delay target)."""
 
-    def __init__(self, max_batch_size: int | None, max_queue_delay_s: float, target_s: float, clock: Callable[[], float],
-                 shared: SharedTime | None = None):
-        self.wait = QueueWait(max_batch_size, max_queue_delay_s, shared)
+    def __init__(self, max_batch_size: int | None, target_s: float, clock: Callable[[], float],
+                 queue: Callable[[], QueueReading | None] | None = None):
+        self.max_batch_size = max_batch_size  # None: no queue in front (LocalFlow)
         self.target_s = target_s
         self.clock = clock
+        self.queue = queue or (lambda: None)  # Triton's measurement of the queue; None: not measured
         self.costs = Costs()
         self.shedding = False
         self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
         self._started: float | None = None
 
-    def open(self, requests: Sequence[ImageRequest]) -> tuple[RequestClock, float]:
-        """An execute() begins: its requests' clock and the queue-wait bound."""
+    def open(self, requests: Sequence[ImageRequest]) -> tuple[RequestClock, QueueReading | None]:
+        """An execute() begins: its requests' clock, and Triton's latest fresh reading of the
+        queue (None: none measured, or too old to say anything of the queue now)."""
         now = self.clock()
         self._started = now
-        wait = self.wait.started(now, len(requests))
+        reading = self.queue() if self.max_batch_size is not None else None
+        if reading is not None and not reading.fresh(now):
+            reading = None
+        wait = reading.wait_s if reading is not None else 0.0
         return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
-                                  queued=self.wait.max_batch_size is not None), wait
+                                  queued=self.max_batch_size is not None), reading
 
     def _late_cancel(self, left_s: float) -> None:
         """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC
@@ -234,37 +221,38 @@ class Admission:
         # slack + left_s, and the average moves a fifth of the way there.
         self.slack_s = max(0.0, self.slack_s + _EWMA * left_s)
 
-    def admit(self, clock: RequestClock, results: list, timings: Timings, wait: float) -> None:
+    def standing(self, reading: QueueReading | None, requests: int) -> bool:
+        """A standing queue (CoDel): Triton measured every window's mean wait over the last
+        interval above the target, and this execute() came full. Unknown: not standing."""
+        if self.target_s <= 0 or reading is None or not self.max_batch_size:
+            return False
+        return reading.standing_s > self.target_s and requests >= self.max_batch_size
+
+    def admit(self, clock: RequestClock, results: list, timings: Timings, reading: QueueReading | None) -> None:
         """At the door, before decoding: drop the gone and the expired, refuse what cannot
-        finish in time, and while shedding keep only what fits in the shedding budget."""
+        finish in time, and on a standing queue keep only what fits in the shedding budget."""
         now = clock.clock()
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
-        late = sum(timings.dropped.get((why, "admission", UNAVAILABLE), 0) for why in ("expired", "no_time"))
         drop(clock, results, timings, "admission", now, images,
              predicted=lambda n: self.costs.predict("execute", n))
-        late = sum(timings.dropped.get((why, "admission", UNAVAILABLE), 0) for why in ("expired", "no_time")) - late
-        if self.target_s <= 0:
+        self.shedding = self.standing(reading, len(clock.requests))
+        if not self.shedding:
             return
         pending = [r for r in range(len(results)) if results[r] is None]
         per_image = self.costs.per_image("execute")
-        budget = max(1, int(min(self.target_s * SHED_SHARE, SHED_MAX_S) / per_image)) if per_image else len(pending)
-        total = sum(images(r) for r in pending)
-        # The queue is standing: requests waited past the target, or their own deadlines ran out
-        # in it (clients with deadlines keep the wait under the target, and still wait too long).
-        if not self.shedding and (wait > self.target_s or late):
-            self.shedding = True
-        elif self.shedding and total <= budget:
-            self.shedding = False  # the queue drained
-        if not self.shedding:
-            return
+        budget_s = min(self.target_s * SHED_SHARE, SHED_MAX_S)
+        budget = max(1, int(budget_s / per_image)) if per_image else len(pending)
         taken = 0
         for r in reversed(pending):  # Triton hands them over oldest first: the newest have waited least
             if taken + images(r) <= budget or taken == 0:
                 taken += images(r)
                 continue
             _fail(results, timings, r, images(r), "admission", "shed", UNAVAILABLE,
-                  f"overloaded: requests waited up to {wait * 1e3:.0f} ms in the queue, over this flow's "
-                  f"queue_delay_target_ms={self.target_s * 1e3:g}; refused at once: try again later")
+                  f"overloaded: requests have waited {reading.standing_s * 1e3:.0f} ms or more on average in this "
+                  f"flow's queue for {reading.interval_s:g} s (Triton's statistics; the latest: {reading.wait_s * 1e3:.0f} ms "
+                  f"over {reading.requests} requests), over its queue_delay_target_ms={self.target_s * 1e3:g}, and the "
+                  f"queue stands ({len(clock.requests)} requests taken at once, max_batch_size {self.max_batch_size}); "
+                  "refused at once: try again later")
 
     def close(self, images: int) -> None:
         """The execute() is over: what its admitted images cost."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .admission import Admission, RequestClock
+from .admission import Admission, QueueReading, RequestClock
 from .answer import Answer
 from .batch import Batch
 from .calls import Send
@@ -54,7 +54,7 @@ class FlowRuntime:
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False,
-                 max_batch_size: int | None = None, max_queue_delay_s: float = 0.0, shared_queue=None):
+                 max_batch_size: int | None = None, queue_reading: Callable[[], QueueReading | None] | None = None):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -90,17 +90,18 @@ class FlowRuntime:
         # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
         self.device: Device = device_for(device, self.pool)
         self.clock = clock
-        # The door (admission.py): the queue-wait bound (max_batch_size None: no queue in
-        # front, as in LocalFlow), what an image costs, shedding past queue_delay_target_ms.
-        self.admission = Admission(max_batch_size, max_queue_delay_s, runtime.queue_delay_target_ms / 1e3, clock,
-                                   shared=shared_queue)
+        # The door (admission.py): what Triton measured of the queue (max_batch_size None: no
+        # queue in front, as in LocalFlow), what an image costs, shedding on a standing queue
+        # past queue_delay_target_ms.
+        self.admission = Admission(max_batch_size, runtime.queue_delay_target_ms / 1e3, clock, queue=queue_reading)
         self.parameters: type[Parameters] = flow.parameters or Parameters
 
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
              pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None,
-             queue: tuple[int, float] | None = None, shared_queue=None) -> "FlowRuntime":
+             max_batch_size: int | None = None,
+             queue_reading: Callable[[], QueueReading | None] | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
         children.load_child); checked on a probe image. `device`: None to decode and score
@@ -108,10 +109,10 @@ class FlowRuntime:
         child's newest READY version by number (is_ready(model, version)), from the version
         folders beside it; a child whose folder is not there (a repository on S3, where
         Triton copies each model's folder alone) is called unpinned. outputs: the flow
-        model's outputs as served (default: its config.pbtxt's). queue: (max_batch_size,
-        max_queue_delay seconds) of the queue Triton keeps in front of it (None: no queue,
-        as in LocalFlow); shared_queue: when any instance of the model last emptied it
-        (admission.SharedTime)."""
+        model's outputs as served (default: its config.pbtxt's). max_batch_size: the most
+        requests Triton hands one execute() from the queue it keeps in front of the flow (None:
+        no queue, as in LocalFlow); queue_reading: Triton's latest measurement of that queue
+        (admission.QueueReading; None, or a reading of None: unmeasured)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
@@ -126,10 +127,8 @@ class FlowRuntime:
             uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
-        max_batch_size, delay = queue if queue is not None else (None, 0.0)
         return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                   keep_images=uses_regions, max_batch_size=max_batch_size, max_queue_delay_s=delay,
-                   shared_queue=shared_queue)
+                   keep_images=uses_regions, max_batch_size=max_batch_size, queue_reading=queue_reading)
 
     @property
     def shadow(self):
@@ -143,21 +142,25 @@ class FlowRuntime:
             self.pool.shutdown(wait=True)
 
     # ---- one execute() ------------------------------------------------------------------
-    def run(self, requests: Sequence[ImageRequest], send: Send, *, probe: bool = False
-            ) -> tuple[list[Prediction | RequestError], Timings]:
+    def run(self, requests: Sequence[ImageRequest], send: Send, *, probe: bool = False,
+            at_door: Callable[[list], None] | None = None) -> tuple[list[Prediction | RequestError], Timings]:
         """One execute(). probe: health probes (the watchdog's), answered on the stable
-        models alone: no shadow mirrors them, no canary answers them."""
+        models alone: no shadow mirrors them, no canary answers them. at_door(results): told
+        the requests failed before any work (bad parameters, gone, shed: their RequestError,
+        None for the rest), so their clients can be answered now, not after the others' run."""
         timings = Timings()
-        if probe:  # the watchdog's: never shed, never counted in the queue's wait
-            clock, wait = RequestClock.start(requests, self.clock(), 0.0, self.clock), 0.0
+        if probe:  # the watchdog's: never shed
+            clock, reading = RequestClock.start(requests, self.clock(), 0.0, self.clock), None
         else:
-            clock, wait = self.admission.open(requests)
-            timings.queue_wait_s = wait
+            clock, reading = self.admission.open(requests)
+            timings.queue_wait_s = reading.wait_s if reading is not None else None
         results: list[Prediction | RequestError | None] = [self._check_request(r, timings) for r in requests]
         values = [self._read_parameters(r, res, timings) for r, res in zip(requests, results)]
         results = [v if isinstance(v, RequestError) else res for v, res in zip(values, results)]
         if not probe:
-            self.admission.admit(clock, results, timings, wait)
+            self.admission.admit(clock, results, timings, reading)
+        if at_door is not None and any(res is not None for res in results):
+            at_door(list(results))
         run = Execution(self, requests, results, send, timings, probe=probe, clock=clock,
                         parameters=[None if isinstance(v, RequestError) else v for v in values])
         try:

@@ -59,9 +59,10 @@ class RuntimeSettings:
     # Children this flow runs in its own process (CPU engine models beside it; in_process.py):
     # no BLS hop to them, Triton's own statistics and traces of them see none of these calls.
     run_in_process: tuple[str, ...] = ()
-    # Shedding for clients that give no deadline (admission.py): once requests have waited in
-    # the queue longer than this, each execute() answers the newest it can finish in a fifth
-    # of it and refuses the rest at once (503), until the queue drains. 0: off.
+    # Shedding for clients that give no deadline (admission.py): on a standing queue (Triton
+    # measured every window's mean wait over an interval above this, and execute()s come
+    # full), each execute() answers the newest it can finish in a fifth of it and refuses the
+    # rest at once (503). 0: off.
     queue_delay_target_ms: float = 0.0
     decode: DecodePolicy = DecodePolicy()
 

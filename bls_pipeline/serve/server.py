@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..adapter.shared_stamp import STAMP_PREFIX
+from ..adapter.queue_waits import WAIT_PREFIX
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
@@ -40,6 +40,7 @@ from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
 from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
 from .states import ModelStates
+from .queue_monitor import QueueMonitor
 from .status import StatusServer
 from .watchdog import Watchdog
 
@@ -142,6 +143,7 @@ class TritonServer:
         self._plan: repository.LoadPlan | None = None
         self._binary: _Binary | None = None
         self.watchdog: Watchdog | None = None
+        self.queue_monitor: QueueMonitor | None = None  # Triton's measure of the queues, for the flows' admission
         self.last_stop: StopReport | None = None
         self.restarts = 0  # starts after the first (restart()): RESTARTS_ENV of the running tritonserver
         self._started_at: float | None = None  # time.monotonic() when the running one was serving
@@ -293,6 +295,8 @@ class TritonServer:
             stderr=subprocess.STDOUT if self._log_handle else None,
             start_new_session=True,  # own process group: stop() reaches every python stub
         )
+        self.queue_monitor = QueueMonitor(self.http_url, self._proc.pid)
+        self.queue_monitor.start()
         try:
             self.failed = self.wait_ready(plan.load, opts.startup_timeout_s)
             self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
@@ -544,8 +548,11 @@ class TritonServer:
             status.stop()
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
-        if proc is not None:  # the flows' shared queue stamps (adapter/shared_stamp.py) a killed stub left
-            for leftover in Path("/dev/shm").glob(f"{STAMP_PREFIX}{proc.pid}_*"):
+        monitor, self.queue_monitor = self.queue_monitor, None
+        if monitor is not None:  # and the queue readings it wrote for the flows (adapter/queue_waits.py)
+            monitor.stop()
+        if proc is not None:  # any a killed bls-serve left
+            for leftover in Path("/dev/shm").glob(f"{WAIT_PREFIX}{proc.pid}_*"):
                 leftover.unlink(missing_ok=True)
         if self._log_handle:
             self._log_handle.close()

@@ -69,9 +69,13 @@ SHADOW_TARGET, SHADOW_TWIN = "classify_bls_shadow", f"{CLASSIFIER}_twin"
 # except that a resnet50 exported with random weights is not among its classifiers, as
 # bls-demo does not serve one (the unsure images are then answered degraded).
 DEFAULT_TARGET = "classify_bls_default"
-# The overload mode's targets: classify_bls as shipped, the seed ensemble, the one-model peer
-# on classify_bls's default engine.
-OVERLOAD_TARGETS = (DEFAULT_TARGET, "ensemble_resnet50", "classify_peer@efficientnet_lite0_onnx")
+# The overload mode's targets: classify_bls as shipped, without resnet50 (as the main job
+# serves it) and with it (the cascade the README draws, its unsure images escalated), the
+# seed ensemble, the one-model peer on classify_bls's default engine.
+OVERLOAD_TARGETS = (DEFAULT_TARGET, "classify_bls", "ensemble_resnet50", "classify_peer@efficientnet_lite0_onnx")
+# The overload mode's clients: with only their own deadline (a gRPC deadline, an HTTP
+# client's timeout: what nearly every client sends), or also Triton's `timeout` parameter.
+CLIENT_KINDS = ("deadline", "timeout")
 
 
 @dataclass
@@ -558,8 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     over.add_argument("--capacity-duration", type=float, default=10.0, help="overload: seconds measured for capacity")
     over.add_argument("--spike", type=float, default=30.0, help="overload: seconds of the spike")
     over.add_argument("--recovery", type=float, default=10.0, help="overload: seconds watched after the spike")
-    over.add_argument("--no-timeout-parameter", action="store_true",
-                      help="overload: clients do not send Triton's timeout parameter (only their own deadline)")
+    over.add_argument("--clients", default=",".join(CLIENT_KINDS),
+                      help="overload: the client kinds, each in turn: deadline (only their own: a gRPC deadline, an HTTP "
+                           "client's timeout), timeout (also Triton's timeout request parameter)")
+    over.add_argument("--no-timeout-parameter", action="store_true", help="overload: the same as --clients deadline")
     args = p.parse_args(argv)
     if args.overload and "--targets" not in " ".join(argv or sys.argv[1:]):
         args.targets = ",".join(OVERLOAD_TARGETS)
@@ -586,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers, in_process)
-            needed = tuple(sorted({_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())))
+            needed = {_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
+            if any(_model(t).startswith("classify_bls") and t != DEFAULT_TARGET for t in targets):
+                needed.add(CLASSIFIER)  # the bench's classify_bls escalates to it: without it, every answer is degraded
+            needed = tuple(sorted(needed))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
             if missing and set(missing) & set(engines):
@@ -646,8 +655,12 @@ def _overload(args, targets: list[str], images: list[bytes], server, flows: list
     meta = {**_machine(), "deadline_s": args.deadline, "factor": args.factor, "capacity_clients": args.capacity_clients,
             "capacity_s": args.capacity_duration, "spike_s": args.spike, "recovery_s": args.recovery}
     protocols = [p for p in args.protocols.split(",") if p]
-    grid = [(t, proto) for proto in protocols for t in targets]
-    for target, protocol in tqdm(grid, desc="overload", unit="target"):
+    kinds = ["deadline"] if args.no_timeout_parameter else [k for k in args.clients.split(",") if k]
+    unknown = sorted(set(kinds) - set(CLIENT_KINDS))
+    if unknown:
+        raise SystemExit(f"--clients: unknown kind(s) {unknown}; use {','.join(CLIENT_KINDS)}")
+    grid = [(t, proto, kind) for proto in protocols for kind in kinds for t in targets]
+    for target, protocol, kind in tqdm(grid, desc="overload", unit="target"):
         url = args.url or server.url(protocol)
         model = _model(target)
         is_flow = model in flows or model.startswith(("classify_bls", "classify_bls_in_process"))
@@ -655,7 +668,7 @@ def _overload(args, targets: list[str], images: list[bytes], server, flows: list
             url, protocol, target, model, images, output=LABELS.name, is_flow=is_flow,
             metrics_url=server.metrics_url if server is not None else None, deadline_s=args.deadline, factor=args.factor,
             capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
-            recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=not args.no_timeout_parameter))
+            recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout"))
         args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
         (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     if server is not None:  # the stop after the spikes, as an operator's SIGTERM would find the server

@@ -13,9 +13,10 @@ Per target and protocol, three phases against one server:
     recovery   the capacity clients again, at once: seconds until p99 is back to normal
 
 Reported per spike: goodput (answers received within their deadline, per second, and as a
-share of capacity), what the server finished in the spike (the flow's answered images, or
-Triton's success count for models that are not flows) and the share of it whose client
-had already gone, refusals and their latency, and the cores the load generator used. The
+share of capacity), what the server finished in the spike (answers a client could use: the
+flow's own bls_requests_total{code="OK"}, not Triton's success count, which counts a flow's
+refusals too; Triton's success count for models that are not flows) and the share of it
+whose client had already gone, refusals and their latency, and the cores the load generator used. The
 clients are asyncio tasks in this one thread (tritonclient's aio clients), so the load
 generator stays light beside the server on a small machine.
 """
@@ -34,7 +35,7 @@ import numpy as np
 
 __all__ = ["OverloadResult", "Tally", "backoff_s", "markdown", "recovery_seconds", "run_target"]
 
-ANSWERED = "bls_images_total"
+ANSWERED = "bls_requests_total"  # with code="OK": requests the flow answered with labels
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Tally:
     answered_ms: list[float] = field(default_factory=list)  # received within the deadline
     answered_at: list[float] = field(default_factory=list)  # when each came back (perf_counter)
     refused_ms: list[float] = field(default_factory=list)  # 503 / UNAVAILABLE, how fast
+    refused_by_queue: int = 0  # of those, by Triton's queue (full, or its timeout) before any stub saw them
     gone: int = 0  # the deadline passed before an answer: the client moved on
     errors: int = 0  # anything else (400, 500, a broken connection)
     error_samples: list[str] = field(default_factory=list)
@@ -65,6 +67,7 @@ class OverloadResult:
     finished_for_gone: int  # of those, answers no client was still waiting for
     gone_share: float
     refused: int
+    refused_by_queue: int  # of those, by Triton's queue before any stub saw them
     refusal_p50_ms: float
     refusal_p99_ms: float
     deadlines_passed: int
@@ -104,6 +107,10 @@ def recovery_seconds(done_at: np.ndarray, latency_ms: np.ndarray, start: float, 
     return None
 
 
+# What Triton's queue says when it refuses a request, before any model sees it.
+_QUEUE_REFUSALS = ("Exceeds maximum queue size", "Request timeout expired")
+
+
 # ---- the clients --------------------------------------------------------------------------
 class _Client:
     """One protocol's aio client and how one request's outcome is read."""
@@ -125,7 +132,8 @@ class _Client:
         return model, [inp], [tc.InferRequestedOutput(output)]
 
     async def send(self, request, deadline_s: float | None, timeout_parameter: bool) -> str:
-        """"ok", "gone" (the deadline passed), "refused" (503 / UNAVAILABLE) or "error: ..."."""
+        """"ok", "gone" (the deadline passed), "refused" (503 / UNAVAILABLE; "refused by queue":
+        by Triton's queue, full or timed out) or "error: ..."."""
         from tritonclient.utils import InferenceServerException
 
         model, inputs, outputs = request
@@ -144,7 +152,9 @@ class _Client:
             status = str(exc.status() or "")
             if "DEADLINE_EXCEEDED" in status:
                 return "gone"
-            if "UNAVAILABLE" in status or status == "503" or "Exceeds maximum queue size" in str(exc):
+            if any(says in str(exc) for says in _QUEUE_REFUSALS):
+                return "refused by queue"
+            if "UNAVAILABLE" in status or status == "503":
                 return "refused"
             return f"error: {status} {exc.message()[:160]}"
         except Exception as exc:  # noqa: BLE001 - a broken connection is counted, the client goes on
@@ -176,10 +186,11 @@ async def _clients(client: _Client, requests: list, n: int, deadline_s: float | 
                 if recording:
                     tally.answered_ms.append((done - t0) * 1e3)
                     tally.answered_at.append(done)
-            elif outcome == "refused":
+            elif outcome.startswith("refused"):
                 refusals += 1
                 if recording:
                     tally.refused_ms.append((done - t0) * 1e3)
+                    tally.refused_by_queue += outcome == "refused by queue"
                 await asyncio.sleep(backoff_s(refusals, rng))
             elif outcome == "gone":
                 if recording:
@@ -196,9 +207,10 @@ async def _clients(client: _Client, requests: list, n: int, deadline_s: float | 
 
 # ---- what the server finished ----------------------------------------------------------------
 def _answered_images(metrics_url: str, model: str) -> float:
-    """The flow's answered images so far (bls_images_total summed over routes and instances)."""
+    """The requests the flow answered with labels so far (bls_requests_total{code="OK"}, summed
+    over instances): one image each here."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    pattern = re.compile(rf'^{ANSWERED}{{[^}}]*model="{re.escape(model)}"[^}}]*}} ([0-9.e+]+)$', re.M)
+    pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="OK")[^}}]*}} ([0-9.e+]+)$', re.M)
     return sum(float(v) for v in pattern.findall(text))
 
 
@@ -259,7 +271,7 @@ def run_target(url: str, protocol: str, target: str, model: str, payloads: list[
         return OverloadResult(
             target, protocol, capacity, p50, p99, clients, deadline_s, spike_s, in_time / (s1 - s0),
             in_time / (s1 - s0) / capacity if capacity else math.nan, int(round(finished)), wasted,
-            wasted / finished if finished else 0.0, len(refused),
+            wasted / finished if finished else 0.0, len(refused), spike.refused_by_queue,
             float(np.percentile(refused, 50)) if len(refused) else math.nan,
             float(np.percentile(refused, 99)) if len(refused) else math.nan,
             spike.gone, spike.errors, back, cpu / (s1 - s0), timeout_parameter, spike.error_samples + normal.error_samples)
@@ -272,17 +284,17 @@ def markdown(results: list[OverloadResult], meta: dict) -> str:
              f"capacity: {meta.get('capacity_clients')} closed-loop clients for {meta.get('capacity_s')} s; spike: "
              f"{meta.get('factor')}x overload (clients = {meta.get('factor')} x capacity x deadline) for "
              f"{meta.get('spike_s')} s; recovery watched for {meta.get('recovery_s')} s.", "",
-             "| target | protocol | capacity img/s | normal p50 / p99 ms | clients | deadline s | in time /s | goodput / capacity "
-             "| finished by the server | of those, client gone | refused | refusal p50 / p99 ms | deadlines passed | errors "
+             "| target | protocol, client | capacity img/s | normal p50 / p99 ms | clients | deadline s | in time /s | goodput / capacity "
+             "| finished by the server | of those, client gone | refused (by Triton's queue) | refusal p50 / p99 ms | deadlines passed | errors "
              "| p99 normal again after s | load generator cores |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         back = "not within the window" if r.recovery_s is None else f"{r.recovery_s:.2f}"
         refusals = "-" if not r.refused else f"{r.refusal_p50_ms:.0f} / {r.refusal_p99_ms:.0f}"
-        proto = r.protocol + ("" if r.timeout_parameter else " (no timeout parameter)")
+        proto = r.protocol + (", deadline + timeout parameter" if r.timeout_parameter else ", deadline only")
         lines.append(f"| {r.target} | {proto} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / {r.normal_p99_ms:.0f} "
                      f"| {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | {r.goodput_ratio:.2f} | {r.finished} "
-                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} | {refusals} "
+                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} ({r.refused_by_queue}) | {refusals} "
                      f"| {r.deadlines_passed} | {r.errors} | {back} | {r.load_cores:.2f} |")
     stop = meta.get("stop")
     if stop:

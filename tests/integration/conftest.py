@@ -55,12 +55,6 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model, place
 
     build_ocr_models(repo)  # read_text's children: PP-OCR from the rapidocr wheel (cached under build/)
     place_exports(repo, {"resnet50_onnx": onnx_model, "efficientnet_lite0_onnx": effnet_onnx_model})
-    # No shedding for queue delay here: the tests' bursts on a busy machine (three workers on two
-    # cores, resnet50 at about 100 ms an image) are not an overload to refuse at the door; the
-    # goodput tests serve a flow of their own with it (test_goodput_served.py).
-    config = text_format.Parse((repo / "classify_bls" / "config.pbtxt").read_text(), ModelConfig())
-    config.parameters["queue_delay_target_ms"].string_value = "0"
-    (repo / "classify_bls" / "config.pbtxt").write_text(text_format.MessageToString(config))
     # On standby (behind resnet50 in classify_bls_failover, on its own servers), it lets go of
     # its engine after 2 s without a call, not 30: test_faults sees it.
     with open(repo / "efficientnet_lite0_onnx" / "config.pbtxt", "a") as config:

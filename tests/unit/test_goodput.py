@@ -14,7 +14,10 @@ import pytest
 from PIL import Image
 
 from bls_pipeline.flow import LocalFlow, RequestFailed
-from bls_pipeline.runtime.admission import Admission, Costs, QueueWait
+from bls_pipeline.adapter.queue_waits import QueueWaitReader, QueueWaitWriter
+from bls_pipeline.runtime.admission import Admission, Costs, QueueReading
+from bls_pipeline.runtime.results import Timings
+from bls_pipeline.serve.queue_monitor import QueueWindows, queue_totals
 from bls_pipeline.runtime.calls import ChildRequest
 from bls_pipeline.runtime.parameters import Parameters
 from bls_pipeline.runtime.results import CANCELLED, UNAVAILABLE, ImageRequest, Prediction, RequestError
@@ -208,17 +211,52 @@ def test_local_flow_takes_a_deadline():
         assert flow.classify([photo()], timeout_s=10).routes[0, 0] == b"resnet50_onnx:escalated"
 
 
-# ---- the door: queue wait, costs, shedding ------------------------------------------------------------
-def test_the_queue_wait_bound():
-    wait = QueueWait(max_batch_size=8, max_queue_delay_s=0.0)
-    assert wait.started(10.0, 3) == 0.0  # the first: nothing known, the queue emptied now
-    assert wait.started(10.502, 8) == pytest.approx(0.502)  # came after 10.0 at the earliest
-    # that batch was full: the queue may not have emptied; the bound stays on 10.0
-    assert wait.started(11.001, 3) == pytest.approx(1.001)
-    # one or two requests: no queue stood in front of them
-    assert wait.started(12.0, 1) == pytest.approx(0.010)
-    assert QueueWait(8, max_queue_delay_s=0.1).started(13.0, 2) == pytest.approx(0.110)
-    assert QueueWait(None).started(99.0, 64) == 0.0  # no queue in front (LocalFlow)
+# ---- the door: Triton's measured queue, costs, shedding ---------------------------------------------
+def reading(now, wait_s, standing_s=None, requests=20, age=0.05):
+    return QueueReading(at=now - age, wait_s=wait_s, standing_s=wait_s if standing_s is None else standing_s,
+                        requests=requests, interval_s=0.5)
+
+
+def test_queue_windows_turn_triton_statistics_into_measured_waits():
+    windows = QueueWindows(interval_s=0.5)
+    assert windows.add("m", 10.0, count=100, wait_ns=0) is None  # the first reading: nothing to difference
+    got = windows.add("m", 10.1, count=110, wait_ns=int(3e9))  # 10 requests left the queue, 3 s of waits
+    assert got.wait_s == pytest.approx(0.3) and got.requests == 10
+    assert got.standing_s == 0.0  # watched for 0.1 s only: no interval yet, nothing stands
+    assert windows.add("m", 10.2, count=110, wait_ns=int(3e9)).wait_s == pytest.approx(0.3)  # none left: no news
+    for i in range(5):
+        got = windows.add("m", 10.3 + 0.1 * i, count=120 + 10 * i, wait_ns=int(3e9 + (i + 1) * 4e9))  # 0.4 s each
+    assert got.wait_s == pytest.approx(0.4) and got.standing_s == pytest.approx(0.4)  # the 0.3 s window is past
+    got = windows.add("m", 10.8, count=170, wait_ns=int(23e9 + 0.5e9))  # one window of short waits (0.05 s)
+    assert got.wait_s == pytest.approx(0.05) and got.standing_s == pytest.approx(0.05)  # no longer standing
+    assert windows.add("m", 10.9, count=5, wait_ns=0) is None  # counts went back: loaded anew, start over
+    assert queue_totals({"model_stats": [
+        {"name": "m", "version": "1", "inference_stats": {"queue": {"count": 3, "ns": 30}}},
+        {"name": "m", "version": "2", "inference_stats": {"queue": {"count": 1, "ns": 5}}},
+        {"name": "n", "version": "1", "inference_stats": {}}]}) == {"m": (4, 35), "n": (0, 0)}
+
+
+def test_queue_readings_reach_the_instances_through_shared_memory(tmp_path):
+    clock = FakeClock()
+    reader = QueueWaitReader("classify_bls", server_pid=7, folder=tmp_path, clock=clock)
+    assert reader.read() is None  # bls-serve wrote nothing (or runs nowhere): unmeasured
+    writer = QueueWaitWriter(server_pid=7, folder=tmp_path)
+    writer.write("classify_bls", reading(50.0, 0.25, 0.2, requests=12))
+    assert reader.read() is None  # a reader looks for a missing file again only after a second
+    clock.now += 1.0
+    got = reader.read()
+    assert (got.wait_s, got.standing_s, got.requests, got.interval_s) == (0.25, 0.2, 12, 0.5)
+    writer.write("classify_bls", reading(51.0, 0.5))
+    assert reader.read().wait_s == 0.5  # mapped: every write is seen at once
+    assert QueueWaitReader("other", server_pid=7, folder=tmp_path, clock=clock).read() is None  # one per model
+    writer.close()
+    assert not list(tmp_path.iterdir())  # bls-serve removes what it made
+
+
+def test_a_stale_or_empty_reading_is_no_measurement():
+    assert reading(100.0, 0.3).fresh(100.0)
+    assert not reading(100.0, 0.3, age=2.0).fresh(100.0)  # bls-serve stopped writing
+    assert not reading(100.0, 0.3, requests=0).fresh(100.0)
 
 
 def test_costs_predict_from_what_was_measured():
@@ -238,50 +276,63 @@ class FakeClock:
         return self.now
 
 
-def test_past_the_queue_delay_target_it_sheds_the_oldest_until_the_queue_drains():
+def test_on_a_standing_queue_past_the_target_it_sheds_the_oldest():
     clock = FakeClock()
-    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.25, clock=clock)
-    door.costs.observe("execute", 0.1, 10)  # 10 ms an image: the shedding budget (50 ms) is 5 images
-    requests = [ImageRequest([photo()]) for _ in range(20)]
+    measured = {"now": None}
+    door = Admission(max_batch_size=16, target_s=0.2, clock=clock, queue=lambda: measured["now"])
+    door.costs.observe("execute", 0.1, 10)  # 10 ms an image: the shedding budget (40 ms) is 4 images
+    requests = [ImageRequest([photo()]) for _ in range(16)]
 
-    def execute(n, waited_since):
-        door.wait._drained_at = waited_since
-        req_clock, wait = door.open(requests[:n])
+    def execute(n):
+        req_clock, got = door.open(requests[:n])
         results = [None] * n
-        from bls_pipeline.runtime.results import Timings
-
         timings = Timings()
-        door.admit(req_clock, results, timings, wait)
+        door.admit(req_clock, results, timings, got)
         door.close(0)
         return results, timings
 
-    results, _ = execute(20, clock.now - 0.1)  # waited 0.1 s: under the target, all taken
-    assert results == [None] * 20 and not door.shedding
-    results, timings = execute(20, clock.now - 0.4)  # 0.4 s: shedding; the 5 newest are taken
+    assert execute(16)[0] == [None] * 16  # nobody measured the queue: nothing refused on it
+    measured["now"] = reading(clock.now, 0.15)
+    assert execute(16)[0] == [None] * 16 and not door.shedding  # waited 0.15 s: under the target
+    measured["now"] = reading(clock.now, 0.6, standing_s=0.1)
+    assert execute(16)[0] == [None] * 16  # one window of long waits, not the whole interval: no standing queue
+    measured["now"] = reading(clock.now, 0.5)
+    assert execute(8)[0] == [None] * 8  # long waits, but the execute() did not come full: the queue drained
+    results, timings = execute(16)  # full, and every window of the interval over the target: shed
     assert door.shedding
-    assert [r is None for r in results] == [False] * 15 + [True] * 5
-    assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
-    assert "queue_delay_target_ms=250" in results[0].message
-    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
-    results, _ = execute(3, clock.now - 0.01)  # 3 requests: the queue drained, all taken, shedding over
-    assert results == [None] * 3 and not door.shedding
+    assert [r is None for r in results] == [False] * 12 + [True] * 4
+    assert {r.reason for r in results[:12]} == {"shed"} and results[0].code == UNAVAILABLE
+    message = results[0].message
+    assert "500 ms or more on average" in message and "queue_delay_target_ms=200" in message, message
+    assert "16 requests taken at once, max_batch_size 16" in message
+    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 12}
+    measured["now"] = reading(clock.now, 0.5, age=3.0)  # bls-serve stopped: unknown again
+    assert execute(16)[0] == [None] * 16 and not door.shedding
 
 
 def test_no_target_no_shedding():
     clock = FakeClock()
-    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.0, clock=clock)
+    door = Admission(max_batch_size=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 5.0))
     door.costs.observe("execute", 0.1, 10)
-    req_clock, _ = door.open([ImageRequest([photo()])] * 20)
-    results = [None] * 20
-    from bls_pipeline.runtime.results import Timings
+    req_clock, got = door.open([ImageRequest([photo()])] * 16)
+    results = [None] * 16
+    door.admit(req_clock, results, Timings(), got)
+    assert results == [None] * 16
 
-    door.admit(req_clock, results, Timings(), wait=5.0)
-    assert results == [None] * 20
+
+def test_a_deadline_counts_from_arrival_as_triton_measured_the_wait():
+    clock = FakeClock()
+    door = Admission(max_batch_size=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 0.3))
+    req_clock, _ = door.open([ImageRequest([photo()], timeout_s=1.0)])
+    assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.3 - 0.01)  # less the wait and the way back
+    unmeasured = Admission(max_batch_size=16, target_s=0.0, clock=clock)
+    req_clock, _ = unmeasured.open([ImageRequest([photo()], timeout_s=1.0)])
+    assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01)  # no wait known: none counted
 
 
 def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
     clock = FakeClock()
-    door = Admission(max_batch_size=None, max_queue_delay_s=0.0, target_s=0.0, clock=clock)
+    door = Admission(max_batch_size=None, target_s=0.0, clock=clock)
     from bls_pipeline.runtime.admission import drop
     from bls_pipeline.runtime.results import Timings
 
@@ -295,30 +346,3 @@ def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earli
     assert later.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01 - door.slack_s)
 
 
-def test_requests_running_out_of_time_in_the_queue_start_the_shedding():
-    clock = FakeClock()
-    door = Admission(max_batch_size=64, max_queue_delay_s=0.0, target_s=0.5, clock=clock)
-    door.costs.observe("execute", 0.1, 10)  # 10 ms an image
-    from bls_pipeline.runtime.results import Timings
-
-    door.wait._drained_at = clock.now - 0.3  # waited up to 0.3 s: under the target
-    requests = [ImageRequest([photo()], timeout_s=0.35) for _ in range(20)]  # but their deadlines fit 5 of them
-    req_clock, wait = door.open(requests)
-    results = [None] * 20
-    door.admit(req_clock, results, Timings(), wait)
-    assert door.shedding
-    assert sum(r is None for r in results) <= 5
-
-
-def test_instances_share_when_the_queue_was_last_emptied(tmp_path):
-    from bls_pipeline.adapter.shared_stamp import SharedStamp
-
-    a_stamp, b_stamp = SharedStamp("flow", server_pid=1, folder=tmp_path), SharedStamp("flow", server_pid=1, folder=tmp_path)
-    a, b = QueueWait(64, shared=a_stamp), QueueWait(64, shared=b_stamp)
-    assert b.started(10.0, 4) == 0.0  # B empties the queue at 10.0
-    assert a.started(10.5, 4) == pytest.approx(0.5)  # A knows nothing of its own: B's 10.0
-    # B again: its own bound says 10.0, A's batch at 10.5 emptied the queue later
-    assert b.started(10.6, 4) == pytest.approx(0.1)
-    assert SharedStamp("other", server_pid=1, folder=tmp_path).read() == 0.0  # one stamp per model
-    a_stamp.close()
-    assert not a_stamp.path.exists()

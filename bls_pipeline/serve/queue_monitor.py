@@ -1,0 +1,128 @@
+"""Triton's measure of each model's queue, read every POLL_S and handed to the flows.
+
+Triton's statistics extension counts, per model, how many requests left its queue and how
+long they waited there in all (`inference_stats.queue`: each request's wait, from its arrival
+to the start of its execute(), reported once it is answered). The difference between two
+readings is what the requests of that window waited on average: a measured wait, not a
+bound. QueueWindows turns the readings into admission.QueueReading (the latest window's mean,
+and the lowest window mean over the last INTERVAL_S, CoDel's test of a standing queue);
+QueueMonitor polls tritonserver and writes them where the flows read them
+(adapter/queue_waits.py). One GET of every model's statistics per poll, on a kept-alive
+connection."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from ..adapter.queue_waits import QueueWaitWriter
+from ..runtime.admission import QueueReading
+
+__all__ = ["INTERVAL_S", "POLL_S", "QueueMonitor", "QueueWindows"]
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1  # one window
+# How long every window's mean must stay over the target for the queue to count as standing:
+# several windows, so that one slow execute() (a window of long waits) never makes it so.
+INTERVAL_S = 0.5
+
+
+class QueueWindows:
+    """Cumulative (count, wait ns) per model in, QueueReading out. A window in which no request
+    left the queue says nothing of it (an execute() still running): it is skipped, not read as
+    no wait."""
+
+    def __init__(self, interval_s: float = INTERVAL_S):
+        self.interval_s = interval_s
+        self._last: dict[str, tuple[int, int]] = {}
+        self._since: dict[str, float] = {}  # when each model was first read: an interval needs that long
+        self._windows: dict[str, deque[tuple[float, float, int]]] = {}  # (at, mean wait s, requests)
+
+    def add(self, model: str, now: float, count: int, wait_ns: int) -> QueueReading | None:
+        last = self._last.get(model)
+        self._last[model] = (count, wait_ns)
+        if last is None or count < last[0]:  # first reading, or the model was loaded anew
+            self._since[model] = now
+            self._windows[model] = deque()
+            return None
+        windows = self._windows[model]
+        if count > last[0]:
+            windows.append((now, (wait_ns - last[1]) / 1e9 / (count - last[0]), count - last[0]))
+        while windows and windows[0][0] < now - self.interval_s:
+            windows.popleft()
+        if not windows:
+            return None
+        at, wait_s, requests = windows[-1]
+        # Standing only once the model was watched for a whole interval: its lowest window mean.
+        standing = min(w for _, w, _ in windows) if now - self._since[model] >= self.interval_s else 0.0
+        return QueueReading(at=at, wait_s=wait_s, standing_s=standing, requests=requests, interval_s=self.interval_s)
+
+
+def queue_totals(stats: dict) -> dict[str, tuple[int, int]]:
+    """{model: (requests that left its queue, their wait in ns)} from Triton's statistics
+    (/v2/models/stats), its versions added up."""
+    totals: dict[str, tuple[int, int]] = {}
+    for entry in stats.get("model_stats", ()):
+        queue = (entry.get("inference_stats") or {}).get("queue") or {}
+        count, ns = totals.get(entry["name"], (0, 0))
+        totals[entry["name"]] = (count + int(queue.get("count", 0)), ns + int(queue.get("ns", 0)))
+    return totals
+
+
+class QueueMonitor:
+    """A thread that reads tritonserver's statistics every POLL_S and writes each model's
+    QueueReading for its flows; stop() ends it and removes what it wrote."""
+
+    def __init__(self, http_url: str, server_pid: int, clock: Callable[[], float] = time.monotonic,
+                 poll_s: float = POLL_S):
+        self.http_url, self.clock, self.poll_s = http_url, clock, poll_s
+        self.windows = QueueWindows()
+        self.writer = QueueWaitWriter(server_pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bls-queue-monitor", daemon=True)
+        self._conn: http.client.HTTPConnection | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        if self._conn is not None:
+            self._conn.close()
+        self.writer.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            stats = self._stats()
+            if stats is None:
+                continue
+            now = self.clock()
+            for model, (count, ns) in queue_totals(stats).items():
+                reading = self.windows.add(model, now, count, ns)
+                if reading is not None:
+                    self.writer.write(model, reading)
+
+    def _stats(self) -> dict | None:
+        """Every model's statistics, or None while tritonserver does not answer (starting,
+        stopping): then nothing is written, and the flows' readings grow stale."""
+        try:
+            if self._conn is None:
+                host, _, port = self.http_url.rpartition(":")
+                self._conn = http.client.HTTPConnection(host, int(port), timeout=2)
+            self._conn.request("GET", "/v2/models/stats")
+            response = self._conn.getresponse()
+            body = response.read()
+            return json.loads(body) if response.status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return None
