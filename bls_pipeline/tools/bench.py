@@ -72,7 +72,7 @@ DEFAULT_TARGET = "classify_bls_default"
 # The overload mode's targets: classify_bls as shipped, without resnet50 (as the main job
 # serves it) and with it (the cascade the README draws, its unsure images escalated), the
 # seed ensemble, the one-model peer on classify_bls's default engine.
-OVERLOAD_TARGETS = (DEFAULT_TARGET, "classify_bls", "ensemble_resnet50", "classify_peer@efficientnet_lite0_onnx")
+OVERLOAD_TARGETS = (DEFAULT_TARGET, "cascade@0.5", "ensemble_resnet50", "classify_peer@efficientnet_lite0_onnx")
 # The overload mode's clients: with only their own deadline (a gRPC deadline, an HTTP
 # client's timeout: what nearly every client sends), or also Triton's `timeout` parameter.
 CLIENT_KINDS = ("deadline", "timeout")
@@ -593,8 +593,8 @@ def main(argv: list[str] | None = None) -> int:
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers, in_process)
             needed = {_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
-            if any(_model(t).startswith("classify_bls") and t != DEFAULT_TARGET for t in targets):
-                needed.add(CLASSIFIER)  # the bench's classify_bls escalates to it: without it, every answer is degraded
+            if any(_model(t).startswith("classify_bls") and _engine(t) is None and t != DEFAULT_TARGET for t in targets):
+                needed.add(CLASSIFIER)  # the bench's flows call it: without it, their answers are degraded
             needed = tuple(sorted(needed))
             server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
