@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,3 +283,9 @@ def test_the_server_stops_cleanly_after_cancellations(goodput_server):
     took = time.monotonic() - start
     print(f"stop after cancellations: {took:.1f} s, exit {code}")
     assert code == 0 and goodput_server.last_stop.drained, goodput_server.last_stop
+    # Each instance's line of what it refused and what its clients cancelled: one a minute while
+    # they happen, the rest of the minute at the stop (this module takes less than one).
+    log = Path(goodput_server.options.log_file).read_text(errors="replace")
+    said = re.findall(r"(\w+_0_\d): in the last \d+ s, of \d+ requests, (.*)\"", log)
+    print("\n".join(f"{instance}: {what}" for instance, what in said))
+    assert any(i.startswith(f"{FLOW}_") and re.search(r"refused with UNAVAILABLE \(.*expired \d+", w) for i, w in said), said
