@@ -27,9 +27,9 @@ A model whose probe fails (it answers an error, not a dead stub's, nor overload)
 broken until a probe answers: it is probed again after `interval_s`, then twice as long each
 time up to `backoff_max_s` (ProbeBackoff), so a model left broken with no traffic costs a
 probe, and a failed request's lines in the log, every half minute, not every round; the log
-says once that it fails and once that it answers again. A change in the READY models (one
-loaded, unloaded, or loaded with another config: a fixed child, say) probes the broken ones
-at the next round.
+says once that it fails and once that it answers again. A change in the python models READY
+(one loaded, unloaded, or loaded with another config: a fixed child, say) probes the broken
+ones at the next round.
 
 Which models: the python models READY now, asked again before each round of probes (a
 callable: bls-serve's reads Triton's repository index), so a model loaded later through the
