@@ -40,6 +40,11 @@ backend sends the error as the response), so the failures are counted here
 (docs/reliability.md, "Alerting"). Every failure the runtime records through
 Timings.reject() is counted, whatever its reason and code; series() is the pure part.
 
+While requests are refused (503: shed, no_time, expired, a child overloaded or not READY)
+or cancelled by their clients, each instance logs one line a minute saying how many, of how
+many, and why (OutcomeSummary: none for a minute with neither), at WARNING, so the server
+log shows overload at its default verbosity without a line per request.
+
 Every series also carries model and instance labels (one series per model instance).
 Each Metric.increment is a round trip to the Triton process, so execute() only adds its
 counts up here; a thread of this instance sends what is pending every `flush_s` (0.25 s),
@@ -49,15 +54,19 @@ and execute() pays no round trip and wakes no thread.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from typing import Any
 
 from ..contract import RESTARTS_ENV
-from ..runtime.results import CODES, Timings
+from ..runtime.results import CANCELLED, CODES, UNAVAILABLE, Timings
 from ..runtime.trials import SCORE_DIFF_BOUNDS
 
-__all__ = ["FlowMetrics", "series"]
+__all__ = ["FlowMetrics", "OutcomeSummary", "series"]
+
+log = logging.getLogger(__name__)
 
 ANSWERED = "OK"  # bls_requests_total's code of a request answered
 
@@ -129,6 +138,47 @@ def series(timings: Timings, answered: int) -> dict[Key, float]:
     return out
 
 
+class OutcomeSummary:
+    """The requests one instance refused (UNAVAILABLE: 503 / gRPC UNAVAILABLE) and those its
+    clients cancelled, summed over `period_s`: at the end of a period with any, one line
+    saying so; none for a period with none. Pure: series() counts in, the time given."""
+
+    def __init__(self, instance: str, period_s: float = 60.0, now: float = 0.0):
+        self.instance, self.period_s = instance, period_s
+        self._start = now
+        self._requests = 0.0
+        self._refused: dict[str, float] = {}  # reason -> requests
+        self._cancelled = 0.0
+
+    def add(self, counts: dict[Key, float]) -> None:
+        for (family, *labels), value in counts.items():
+            if family == "requests":
+                self._requests += value
+            elif family == "rejected_requests":
+                tags = dict(labels)
+                if tags["code"] == UNAVAILABLE:
+                    self._refused[tags["reason"]] = self._refused.get(tags["reason"], 0.0) + value
+                elif tags["code"] == CANCELLED:
+                    self._cancelled += value
+
+    def line(self, now: float, final: bool = False) -> str | None:
+        """At a period's end (or, `final`, the instance's): its line (None if nothing was
+        refused or cancelled), and a new period."""
+        if now - self._start < self.period_s and not final:
+            return None
+        parts = []
+        refused = sum(self._refused.values())
+        if refused:
+            why = ", ".join(f"{reason} {n:.0f}" for reason, n in sorted(self._refused.items(), key=lambda kv: (-kv[1], kv[0])))
+            parts.append(f"{refused:.0f} refused with UNAVAILABLE ({why})")
+        if self._cancelled:
+            parts.append(f"{self._cancelled:.0f} cancelled by their clients")
+        text = (f"{self.instance}: in the last {now - self._start:.0f} s, of {self._requests:.0f} requests, "
+                + " and ".join(parts)) if parts else None
+        self._start, self._requests, self._refused, self._cancelled = now, 0.0, {}, 0.0
+        return text
+
+
 class FlowMetrics:
     def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.25):
         family = pb_utils.MetricFamily
@@ -149,6 +199,7 @@ class FlowMetrics:
                                         "it in the latest window before this instance's last execute()")
         self._wait_metric = self._wait.Metric(labels=self._labels)
         self._wait_s: float | None = None
+        self._summary = OutcomeSummary(instance, now=time.monotonic())
         # Every code's series exists from the load on, at 0: a rate or increase() over it sees
         # the first failure (a series that appears at 1 shows no increase).
         for code in (ANSWERED, *CODES):
@@ -163,6 +214,7 @@ class FlowMetrics:
         with self._lock:
             for key, value in counts.items():
                 self._pending[key] = self._pending.get(key, 0.0) + value
+            self._summary.add(counts)
             if timings.queue_wait_s is not None:
                 self._wait_s = timings.queue_wait_s
 
@@ -174,6 +226,10 @@ class FlowMetrics:
         while not self._closing.wait(self._flush_s):
             if self._pending or self._wait_s is not None:
                 self.flush()
+            with self._lock:
+                line = self._summary.line(time.monotonic())
+            if line:
+                log.warning("%s", line)
 
     def flush(self) -> None:
         with self._sending:
@@ -193,6 +249,9 @@ class FlowMetrics:
         self._closing.set()
         self._flusher.join(timeout=5)
         self.flush()
+        line = self._summary.line(time.monotonic(), final=True)
+        if line:
+            log.warning("%s", line)
 
 
 def _restarts() -> int:

@@ -14,9 +14,11 @@ does not declare, fails that request alone (400 / INVALID_ARGUMENT, naming it). 
 request parameters (its `timeout`, `priority`, sequence ids) and the watchdog's probe pass
 by untouched.
 
-Types: bool, int, float, str and Probability (a float within 0..1). JSON values are taken
-as they come; a string is parsed as a config.pbtxt value would be ("true", "3", "0.5"), so
-tools that send every parameter as a string work too.
+Types: bool, int, float, str and Probability (a float within 0..1). A number is a JSON
+number (an int, float or Probability parameter sent as the string "0.9" fails with 400, saying
+to send 0.9); a bool is true or false (the strings "true" and "false" are taken too). Every
+client sends typed values: tritonclient and curl's JSON as written, perf_analyzer's
+--request-parameter as int, bool or string (so perf_analyzer cannot send a float parameter).
 """
 
 from __future__ import annotations
@@ -56,28 +58,19 @@ class _Param:
         if kind is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-                return value.strip().lower() in ("true", "1")
+            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                return value.strip().lower() == "true"
             raise ParameterError(f"request parameter {name}={value!r}: send true or false")
         if kind is int:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
-            if isinstance(value, str):
-                try:
-                    return int(value)
-                except ValueError:
-                    pass
-            raise ParameterError(f"request parameter {name}={value!r}: send a whole number")
+            raise ParameterError(f"request parameter {name}={value!r}: send a whole number{_not_a_string(value, whole=True)}")
         if kind in (float, Probability):
-            number = None
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                number = float(value)
-            elif isinstance(value, str):
-                try:
-                    number = float(value)
-                except ValueError:
-                    pass
-            if number is None or not math.isfinite(number):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                wanted = "a number between 0 and 1" if kind is Probability else "a finite number"
+                raise ParameterError(f"request parameter {name}={value!r}: send {wanted}{_not_a_string(value)}")
+            number = float(value)
+            if not math.isfinite(number):
                 raise ParameterError(f"request parameter {name}={value!r}: send a finite number")
             if kind is Probability and not 0.0 <= number <= 1.0:
                 raise ParameterError(f"request parameter {name}={value!r}: send a number between 0 and 1")
@@ -137,6 +130,18 @@ class Parameters:
             raise ParameterError(f"unknown request parameter {unknown[0]!r}: {flow} accepts {accepts} (and Triton's own, "
                                  "e.g. timeout)")
         return {f.name: f.parse(sent[f.name]) if f.name in sent else f.default for f in cls._fields}
+
+
+def _not_a_string(value: Any, whole: bool = False) -> str:
+    """What to write instead of a number sent as a string ("0.9": 0.9), or nothing."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        if math.isfinite(number) and (number.is_integer() or not whole):
+            return f", as a JSON number: {value.strip()}, not the string {value!r}"
+    return ""
 
 
 class _NoParameters(Parameters):

@@ -22,9 +22,13 @@ __all__ = ["explain", "slowest"]
 _SLACK_NS = 500_000  # a record's bounds may sit this far outside the trace's (clock reads a hair apart)
 
 
-def slowest(traces: Iterable[RequestTrace], n: int, exclude_ids: Sequence[str] = ()) -> list[RequestTrace]:
-    """The n traces with the longest REQUEST_START..REQUEST_END, slowest first."""
-    timed = [t for t in traces if t.span_ms("REQUEST_START", "REQUEST_END") is not None and t.request_id not in exclude_ids]
+def slowest(traces: Iterable[RequestTrace], n: int, exclude_ids: Sequence[str] = (), *, model: str | None = None,
+            since_ns: int | None = None) -> list[RequestTrace]:
+    """The n traces with the longest REQUEST_START..REQUEST_END, slowest first: of `model`
+    only if given, and of the requests that arrived at or after `since_ns` (CLOCK_MONOTONIC,
+    the traces' clock) if given."""
+    timed = [t for t in traces if t.span_ms("REQUEST_START", "REQUEST_END") is not None and t.request_id not in exclude_ids
+             and (model is None or t.model == model) and (since_ns is None or t.ns["REQUEST_START"] >= since_ns)]
     return sorted(timed, key=lambda t: t.span_ms("REQUEST_START", "REQUEST_END"), reverse=True)[:n]
 
 

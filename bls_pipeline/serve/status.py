@@ -17,7 +17,8 @@ operator names, the request latency Triton's metrics lack, and the recent reques
                     count them nowhere
         bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index
         bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
-    GET /requests?slowest=N, ?id=ID   the recent requests (the last KEEP) explained (explain.py)
+    GET /requests?slowest=N, ?id=ID   the recent requests (the last KEEP) explained (explain.py);
+                    &model=M: of that model only, &since=S: arrived in the last S seconds
 
 The latencies come from Triton's own request traces, which bls-serve turns on for every
 request (level TIMESTAMPS, one file per trace, read here and removed); the watchdog's probes
@@ -34,6 +35,7 @@ import logging
 import math
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -266,15 +268,20 @@ class StatusServer:
         family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {n}' for m, n in sorted(reloads.items())])
         return "\n".join(lines) + "\n"
 
-    def requests(self, slowest_n: int | None = None, request_id: str | None = None) -> list[dict]:
-        """The recent requests explained: the slowest n, or those with this id."""
+    def requests(self, slowest_n: int | None = None, request_id: str | None = None, since_s: float | None = None,
+                 model: str | None = None) -> list[dict]:
+        """The recent requests explained: the slowest n, or those with this id; of `model` only,
+        and of those that arrived in the last `since_s` seconds, where given."""
         self.collect()
         with self._lock:
             traces, records = list(self.traces), list(self.records)
+        # Triton's trace timestamps are on CLOCK_MONOTONIC, this process's time.monotonic_ns().
+        since_ns = None if since_s is None else time.monotonic_ns() - int(since_s * 1e9)
         if request_id is not None:
-            chosen = [t for t in traces if t.request_id == request_id]
+            chosen = [t for t in traces if t.request_id == request_id and (model is None or t.model == model)
+                      and (since_ns is None or t.ns.get("REQUEST_START", since_ns) >= since_ns)]
         else:
-            chosen = slowest(traces, slowest_n or 1)
+            chosen = slowest(traces, slowest_n or 1, model=model, since_ns=since_ns)
         return [explain(t, records, traces) for t in chosen]
 
 
@@ -304,7 +311,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, self.status.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif url.path == "/requests":
                 n = int(query.get("slowest", ["1"])[0])
-                found = self.status.requests(slowest_n=n, request_id=query.get("id", [None])[0])
+                since = query.get("since", [None])[0]
+                since_s = None if since is None else float(since)
+                if since_s is not None and not (math.isfinite(since_s) and since_s > 0):
+                    raise ValueError(f"since={since}: a number of seconds above 0, e.g. since=300")
+                found = self.status.requests(slowest_n=n, request_id=query.get("id", [None])[0], since_s=since_s,
+                                             model=query.get("model", [None])[0])
                 self._send(200, json.dumps(found), "application/json")
             else:
                 self._send(404, "GET /ready, /metrics or /requests\n", "text/plain; charset=utf-8")

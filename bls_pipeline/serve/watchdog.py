@@ -23,6 +23,14 @@ Probe timeouts (a busy server) never trigger a reload. Probes carry the request 
 requests and leave them out of their bls_* metrics, bls-serve's latency histograms leave them
 out (Triton's own nv_inference_* counters still count them).
 
+A model whose probe fails (it answers an error, not a dead stub's, nor overload) stays
+broken until a probe answers: it is probed again after `interval_s`, then twice as long each
+time up to `backoff_max_s` (ProbeBackoff), so a model left broken with no traffic costs a
+probe, and a failed request's lines in the log, every half minute, not every round; the log
+says once that it fails and once that it answers again. A change in the python models READY
+(one loaded, unloaded, or loaded with another config: a fixed child, say) probes the broken
+ones at the next round.
+
 Which models: the python models READY now, asked again before each round of probes (a
 callable: bls-serve's reads Triton's repository index), so a model loaded later through the
 repository API is probed and brought back like the others. Each probe's outcome is kept
@@ -50,7 +58,7 @@ from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..runtime.answer import numpy_dtype
 from .processes import stubs
 
-__all__ = ["ProbeOutcome", "Recovery", "Watchdog", "dead_stub_model"]
+__all__ = ["ProbeBackoff", "ProbeOutcome", "Recovery", "Watchdog", "dead_stub_model"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +85,58 @@ class Recovery:
     model: str
     detected_at: float  # time.monotonic()
     recovered_at: float | None  # None: the reload failed
+
+
+@dataclass
+class _Failing:
+    since: float  # its first failed probe, time.monotonic()
+    delay: float  # from its last failed probe to its next
+    next_at: float
+    probes: int  # failed probes since it broke
+
+
+class ProbeBackoff:
+    """When to probe each model, and the one log line per change of state (pure: the time is
+    given). A model probes every round while it answers; once a probe fails, after
+    `interval_s`, then double that each time, up to `max_s`, until one answers."""
+
+    def __init__(self, interval_s: float, max_s: float):
+        self.interval_s, self.max_s = interval_s, max(max_s, interval_s)
+        self._failing: dict[str, _Failing] = {}
+
+    def due(self, model: str, now: float) -> bool:
+        failing = self._failing.get(model)
+        return failing is None or now >= failing.next_at
+
+    def failed(self, model: str, message: str, now: float) -> str | None:
+        """A probe failed: the line to log when the model was answering until now, else None."""
+        failing = self._failing.get(model)
+        if failing is not None:
+            failing.probes += 1
+            failing.delay = min(max(failing.delay * 2, self.interval_s), self.max_s)
+            failing.next_at = now + failing.delay
+            return None
+        self._failing[model] = _Failing(now, self.interval_s, now + self.interval_s, 1)
+        first = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
+        return (f"watchdog: the probe of {model} failed: {first}; probing it again in {self.interval_s:g} s, then "
+                f"twice as long each time, up to every {self.max_s:g} s, until it answers")
+
+    def answered(self, model: str, now: float) -> str | None:
+        """A probe answered: the line to log when the model was failing until now, else None."""
+        failing = self._failing.pop(model, None)
+        if failing is None:
+            return None
+        return f"watchdog: {model} answers its probe again, after {now - failing.since:.0f} s and {failing.probes} failed probe(s)"
+
+    def probe_soon(self, model: str | None = None) -> None:
+        """Probe this failing model (every one, with None) at the next round; it stays failing."""
+        for name, failing in self._failing.items():
+            if model is None or name == model:
+                failing.next_at, failing.delay = float("-inf"), 0.0  # the next failure waits interval_s again
+
+    def forget(self, model: str) -> None:
+        """No longer watched: nothing kept."""
+        self._failing.pop(model, None)
 
 
 def _tiny_jpeg() -> bytes:
@@ -112,9 +172,10 @@ def instance_names(model: str, config) -> set[str]:
 
 class Watchdog(threading.Thread):
     def __init__(self, url: str, models: Mapping | Callable[[], Mapping], reload: Callable[[str], None],
-                 interval_s: float = 2.0, probe_timeout_s: float = 10.0, pgid: int | None = None):
+                 interval_s: float = 2.0, probe_timeout_s: float = 10.0, pgid: int | None = None, backoff_max_s: float = 30.0):
         """models: {name: ModelConfig} of the python models to watch, or a callable giving them
-        now (called before each round of probes), in the order to probe them."""
+        now (called before each round of probes), in the order to probe them. backoff_max_s:
+        the longest wait between two probes of a model that stays broken."""
         super().__init__(name="bls-watchdog", daemon=True)
         import tritonclient.http as tc
 
@@ -124,6 +185,8 @@ class Watchdog(threading.Thread):
         self._models = models if callable(models) else (lambda: models)
         self._probes: dict[str, list] = {}
         self._instances: dict[str, set[str]] = {}
+        self._configs: dict[str, object] = {}  # model -> the config it was watched with
+        self.backoff = ProbeBackoff(interval_s, backoff_max_s)
         self.outcomes: dict[str, ProbeOutcome] = {}  # model -> its last probe's, overload and timeouts aside
         self._pgid = pgid
         self._seen: dict[int, str] = {}  # pid -> instance of every stub seen alive, until it is gone
@@ -166,8 +229,12 @@ class Watchdog(threading.Thread):
         for name in models:
             if name not in self._probes and self.rounds:
                 log.info("watchdog: probing %s from now on (READY since the last round)", name)
+        if set(models) != set(self._configs) or any(self._configs[m] != cfg for m, cfg in models.items()):
+            self.backoff.probe_soon()  # a model loaded, unloaded or changed: the broken ones may answer now
+        for name in set(self._configs) - set(models):
+            self.backoff.forget(name)
         with self._looking:
-            self._probes, self._instances = probes, instances
+            self._probes, self._instances, self._configs = probes, instances, dict(models)
 
     def _probe_rounds(self) -> None:
         while not self._halt.wait(self._interval):
@@ -178,6 +245,8 @@ class Watchdog(threading.Thread):
             for model, inputs in list(self._probes.items()):
                 if self._halt.is_set():  # the server is being stopped: it drains, nothing is loaded again
                     return
+                if not self.backoff.due(model, time.monotonic()):  # broken, and probed not long ago
+                    continue
                 self._look()  # before each probe: a probe into a dead stub would leave its copy stuck
                 sent = time.monotonic()
                 dead = self._probe(model, inputs)
@@ -227,9 +296,17 @@ class Watchdog(threading.Thread):
             if dead in self._probes:
                 return dead
             if not _BUSY.search(message):
-                self.outcomes[model] = ProbeOutcome(False, message, time.monotonic())
+                now = time.monotonic()
+                self.outcomes[model] = ProbeOutcome(False, message, now)
+                line = self.backoff.failed(model, message, now)
+                if line:
+                    log.warning("%s", line)
             return None
-        self.outcomes[model] = ProbeOutcome(True, "", time.monotonic())
+        now = time.monotonic()
+        self.outcomes[model] = ProbeOutcome(True, "", now)
+        line = self.backoff.answered(model, now)
+        if line:
+            log.info("%s", line)
         return None
 
     def _recover(self, model: str) -> None:
@@ -242,5 +319,6 @@ class Watchdog(threading.Thread):
             self.recoveries.append(Recovery(model, detected, None))
             return
         recovered = self._recovered_at[model] = time.monotonic()
+        self.backoff.probe_soon(model)  # a fresh copy: probed at the next round
         log.error("WATCHDOG: model %r reloaded, serving again after %.1f s", model, recovered - detected)
         self.recoveries.append(Recovery(model, detected, recovered))

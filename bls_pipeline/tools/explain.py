@@ -1,6 +1,7 @@
 """`bls-explain`: where a slow request's time went, from a running bls-serve.
 
     bls-explain --slowest 3                  # the 3 slowest of the recent requests
+    bls-explain --slowest 3 --since 5m --model classify_bls   # ... of classify_bls, in the last 5 minutes
     bls-explain --request req-17             # one request, by the id its client sent
     bls-explain --log-executions on classify_bls --url 127.0.0.1:8000 --admin-key KEY
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -28,7 +30,18 @@ import urllib.request
 
 from ..serve.admin import AdminError, RepositoryAdmin
 
-__all__ = ["main", "render", "set_log_executions"]
+__all__ = ["main", "parse_duration", "render", "set_log_executions"]
+
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration such as 30s, 5m, 1h or 1.5m; ValueError saying what to write."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*", text or "")
+    seconds = float(found.group(1)) * _UNITS_S[found.group(2)] if found else 0.0
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a duration: write a number above 0 and a unit (ms, s, m, h), e.g. 30s, 5m, 1h")
+    return seconds
 
 
 def set_log_executions(admin: RepositoryAdmin, flow: str, on: bool) -> bool:
@@ -83,10 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--request", metavar="ID", help="the request(s) its client sent with this id")
     which.add_argument("--log-executions", nargs=2, metavar=("on|off", "FLOW"),
                        help="log one line per execute() of FLOW in the server log from now on (or no more)")
+    p.add_argument("--since", metavar="DURATION", help="only requests that arrived in the last DURATION (30s, 5m, 1h)")
+    p.add_argument("--model", metavar="M", help="only requests to model M")
     p.add_argument("--url", default="127.0.0.1:8000", help="tritonserver's HTTP endpoint (--log-executions)")
     p.add_argument("--admin-key", help="its admin key (--log-executions)")
     p.add_argument("--json", action="store_true", help="the breakdown as JSON")
     args = p.parse_args(argv)
+    since_s = None
+    if args.since is not None:
+        try:
+            since_s = parse_duration(args.since)
+        except ValueError as exc:
+            p.error(f"--since: {exc}")
     if args.log_executions:
         state, flow = args.log_executions
         if state not in ("on", "off") or not args.admin_key:
@@ -98,14 +119,25 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{flow}: log_executions {state}" + ("" if changed else " already"))
         return 0
+    query = {"id": args.request} if args.request else {"slowest": args.slowest}
+    if since_s is not None:
+        query["since"] = since_s
+    if args.model:
+        query["model"] = args.model
     try:
-        found = _fetch(args.status, {"id": args.request} if args.request else {"slowest": args.slowest})
+        found = _fetch(args.status, query)
+    except urllib.error.HTTPError as exc:
+        print(f"bls-explain: the status port at {args.status} refused the query: {exc.read().decode(errors='replace').strip()}",
+              file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"bls-explain: no bls-serve status port at {args.status} ({exc}): start bls-serve with --status-port",
               file=sys.stderr)
         return 1
     if not found:
-        print("no such request among the recent ones" if args.request else "no request traced yet", file=sys.stderr)
+        scope = "".join([f" of {args.model}" if args.model else "", f" in the last {args.since}" if args.since else ""])
+        print(f"no such request among the recent ones{scope}" if args.request else f"no request{scope} traced"
+              + ("" if scope else " yet"), file=sys.stderr)
         return 1
     print(json.dumps(found, indent=1) if args.json else "\n\n".join(render(f) for f in found))
     return 0

@@ -81,7 +81,7 @@ def test_the_guide_writes_only_the_users_own_files():
 def test_the_users_unit_test_passes_in_process(run):
     result = run("tests/test_cat_check.py", timeout=120)
     assert result.returncode == 0, result.stdout
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout
 
 
 def test_the_new_model_serves_over_http_and_grpc(run, repo_root):

@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +34,26 @@ from polling import eventually
 pytestmark = pytest.mark.integration
 
 FLOW, CHEAP, MAIN, SHEDDING = "goodput_flow", "slow_cheap", "counted_main", "goodput_shedding"
+NUMBERS = "number_parameter_flow"
+_NUMBERS_FLOW = '''"""number_parameter_flow (tests only): a Probability request parameter, served."""
+from bls_pipeline.flow import Answer, Batch, Candidates, Parameters, Probability, Settings
+
+
+class NumberSettings(Settings):
+    classifiers: Candidates = "counted_main"
+
+
+class NumberParameters(Parameters):
+    min_top1: Probability = 0.0  # the main classifier's top-1 under this: answered "below"
+
+
+def flow(batch: Batch, settings: NumberSettings) -> Answer:
+    answer = batch.answer()
+    main = batch.classify(settings.classifiers)
+    answer.set(main, "kept")
+    answer.skip(main.top1 < batch.params.min_top1, "below")
+    return answer
+'''
 _CHILDREN = '''"""goodput_flow's children (tests only): a slow unsure cheap classifier, a counted main one."""
 import time
 
@@ -78,7 +99,15 @@ def goodput_server(model_repo, tmp_path_factory, server_factory):
     config.instance_group[0].count = 1
     config.max_batch_size = 4
     (repo / SHEDDING / "config.pbtxt").write_text(text_format.MessageToString(config))
-    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"), models=(FLOW, SHEDDING))
+    # A flow with a number among its request parameters (classify_bls has a bool only).
+    shutil.copytree(model_repo / "classify_bls", repo / NUMBERS)
+    (repo / NUMBERS / "1" / "flow.py").write_text(_NUMBERS_FLOW)
+    config = text_format.Parse(config_variant(model_repo / "classify_bls", NUMBERS, {}), ModelConfig())
+    config.ClearField("parameters")
+    config.parameters["run_in_process"].string_value = "none"
+    config.instance_group[0].count = 1
+    (repo / NUMBERS / "config.pbtxt").write_text(text_format.MessageToString(config))
+    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"), models=(FLOW, SHEDDING, NUMBERS))
     yield server
     server.stop()
 
@@ -150,6 +179,21 @@ def test_a_request_parameter_reaches_the_flow(goodput_server, protocol):
             _infer(goodput_server, protocol, _jpeg(), parameters=sent)
         assert str(caught.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
         assert says in caught.value.message()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_number_parameter_is_a_number_and_a_numeric_string_is_refused_naming_it(goodput_server, protocol):
+    """A float reaches the flow as Triton's double parameter; "0.9" is a string (docs/extending.md:
+    a value of the wrong type fails with 400), and the message says what to send."""
+    assert _infer(goodput_server, protocol, _jpeg(), NUMBERS, parameters={"min_top1": 0.5}).as_numpy(ROUTE.name)[0, 0] \
+        == f"{MAIN}:kept".encode()
+    assert _infer(goodput_server, protocol, _jpeg(), NUMBERS, parameters={"min_top1": 1}).as_numpy(ROUTE.name)[0, 0] \
+        == b"below"  # an integer is a number too (top-1 is 0.99999...)
+    with pytest.raises(InferenceServerException) as caught:
+        _infer(goodput_server, protocol, _jpeg(), NUMBERS, parameters={"min_top1": "0.9"})
+    assert str(caught.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
+    assert ("request parameter min_top1='0.9': send a number between 0 and 1, as a JSON number: 0.9, not the string '0.9'"
+            in caught.value.message())
 
 
 def test_curl_sends_a_parameter_as_kserve_json(goodput_server):
@@ -250,3 +294,9 @@ def test_the_server_stops_cleanly_after_cancellations(goodput_server):
     took = time.monotonic() - start
     print(f"stop after cancellations: {took:.1f} s, exit {code}")
     assert code == 0 and goodput_server.last_stop.drained, goodput_server.last_stop
+    # Each instance's line of what it refused and what its clients cancelled: one a minute while
+    # they happen, the rest of the minute at the stop (this module takes less than one).
+    log = Path(goodput_server.options.log_file).read_text(errors="replace")
+    said = re.findall(r"(\w+_0_\d): in the last \d+ s, of \d+ requests, (.*)\"", log)
+    print("\n".join(f"{instance}: {what}" for instance, what in said))
+    assert any(i.startswith(f"{FLOW}_") and re.search(r"refused with UNAVAILABLE \(.*expired \d+", w) for i, w in said), said

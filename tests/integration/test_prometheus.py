@@ -41,23 +41,16 @@ def _alerts(prometheus: str, name: str) -> list[dict]:
 
 @pytest.fixture
 def watched(model_repo, tmp_path, repo_root):
-    """A server with its status port, and a Prometheus scraping both endpoints every second."""
+    """A server with its status port, on free ports, and a Prometheus scraping both endpoints
+    every second, started as docs/reliability.md says (deploy/monitoring/run-prometheus.sh)."""
     server = TritonServer(ServerOptions.on_free_ports(model_repo, tmp_path / "tritonserver.log", models=(FLOW,),
                                                       status_port=free_port()))
     server.start()
     port = free_port()
-    shutil.copy(repo_root / "deploy" / "monitoring" / "rules.yml", tmp_path / "rules.yml")
-    metrics = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
-    status = server.status_url.removeprefix("http://")
-    (tmp_path / "prometheus.yml").write_text(json.dumps({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": ["rules.yml"],
-        "scrape_configs": [{"job_name": "triton", "static_configs": [{"targets": [metrics]}]},
-                           {"job_name": "bls-serve", "static_configs": [{"targets": [status]}]}]}))
     log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([str(repo_root / "deploy" / "monitoring" / "run-prometheus.sh"), "--metrics-port", str(server.options.metrics_port),
+                             "--status-port", str(server.options.status_port), "--interval", "1s", "--listen", f"127.0.0.1:{port}",
+                             "--data", str(tmp_path / "prometheus")], stdout=log, stderr=subprocess.STDOUT)
     try:
         yield server, f"127.0.0.1:{port}"
     finally:

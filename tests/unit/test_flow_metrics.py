@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bls_pipeline.adapter.metrics import series
+from bls_pipeline.adapter.metrics import OutcomeSummary, series
 from bls_pipeline.runtime.results import RequestError, Timings
 
 
@@ -45,3 +45,38 @@ def test_any_reason_and_code_recorded_through_reject_reaches_the_series():
     assert _value(counts, "requests", code="CANCELLED") == 1
     assert _value(counts, "rejected_requests", reason="cancelled", code="CANCELLED") == 1
     assert _value(counts, "rejected", reason="cancelled", code="CANCELLED") == 2
+
+
+def _execute(answered: int = 0, **failed: tuple[str, int]) -> dict:
+    """One execute()'s series: `answered` answered, and requests failed as reason=(code, n)."""
+    timings = Timings()
+    for reason, (code, n) in failed.items():
+        for _ in range(n):
+            timings.reject(RequestError("refused", reason, code), 1)
+    return series(timings, answered)
+
+
+def test_one_line_a_minute_sums_the_refusals_and_cancellations_by_reason():
+    summary = OutcomeSummary("classify_bls_0_1", period_s=60.0, now=1000.0)
+    summary.add(_execute(answered=300, shed=("UNAVAILABLE", 30), no_time=("UNAVAILABLE", 5)))
+    summary.add(_execute(answered=70, cancelled=("CANCELLED", 4), classifiers=("UNAVAILABLE", 2),
+                         unsupported_format=("INVALID_ARGUMENT", 1)))
+    assert summary.line(1059.9) is None  # not a minute yet
+    assert summary.line(1060.1) == ("classify_bls_0_1: in the last 60 s, of 412 requests, 37 refused with UNAVAILABLE "
+                                    "(shed 30, no_time 5, classifiers 2) and 4 cancelled by their clients")
+    assert summary.line(1121.0) is None  # a new minute: nothing since
+
+
+def test_a_minute_with_no_refusal_or_cancellation_says_nothing():
+    summary = OutcomeSummary("classify_bls_0_0", now=0.0)
+    summary.add(_execute(answered=500, unsupported_format=("INVALID_ARGUMENT", 3), resnet50_onnx=("INTERNAL", 1)))
+    assert summary.line(61.0) is None
+    summary.add(_execute(cancelled=("CANCELLED", 1)))  # the next minute counts afresh
+    assert summary.line(122.0) == "classify_bls_0_0: in the last 61 s, of 1 requests, 1 cancelled by their clients"
+
+
+def test_the_last_part_of_a_minute_is_said_when_the_instance_stops():
+    summary = OutcomeSummary("classify_bls_0_0", now=0.0)
+    summary.add(_execute(answered=2, shed=("UNAVAILABLE", 1)))
+    assert summary.line(10.0) is None
+    assert summary.line(10.0, final=True) == "classify_bls_0_0: in the last 10 s, of 3 requests, 1 refused with UNAVAILABLE (shed 1)"

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.flow import LocalFlow, RequestFailed
 from bls_pipeline.adapter.queue_waits import QueueWaitReader, QueueWaitWriter
+from bls_pipeline.flow import LocalFlow, Probability, RequestFailed
 from bls_pipeline.runtime.admission import Admission, Costs, QueueReading
 from bls_pipeline.runtime.results import Timings
 from bls_pipeline.serve.queue_monitor import QueueWindows, queue_totals
 from bls_pipeline.runtime.calls import ChildRequest
-from bls_pipeline.runtime.parameters import Parameters
+from bls_pipeline.runtime.parameters import ParameterError, Parameters
 from bls_pipeline.runtime.results import CANCELLED, UNAVAILABLE, ImageRequest, Prediction, RequestError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -85,6 +85,40 @@ def test_a_bad_or_unknown_parameter_fails_that_request_alone(sent, says):
     assert isinstance(good, Prediction)
 
 
+class Numbers(Parameters):
+    threshold: Probability = 0.5
+    ratio: float = 1.0
+    count: int = 3
+
+
+@pytest.mark.parametrize(("sent", "says"), [
+    ({"threshold": "0.9"}, "request parameter threshold='0.9': send a number between 0 and 1, as a JSON number: 0.9, "
+                           "not the string '0.9'"),
+    ({"ratio": "2.5"}, "request parameter ratio='2.5': send a finite number, as a JSON number: 2.5, not the string '2.5'"),
+    ({"count": "4"}, "request parameter count='4': send a whole number, as a JSON number: 4, not the string '4'"),
+    ({"count": "0.5"}, "request parameter count='0.5': send a whole number"),
+    ({"count": 2.0}, "request parameter count=2.0: send a whole number"),
+    ({"ratio": "nan"}, "request parameter ratio='nan': send a finite number"),
+    ({"threshold": True}, "request parameter threshold=True: send a number between 0 and 1"),
+    ({"threshold": 1.5}, "request parameter threshold=1.5: send a number between 0 and 1"),
+])
+def test_a_number_sent_as_a_string_or_of_the_wrong_kind_is_refused_naming_it(sent, says):
+    """docs/extending.md: a value of the wrong type fails with 400. "0.9" is a string, not a number."""
+    with pytest.raises(ParameterError) as caught:
+        Numbers.read(sent, "f")
+    assert str(caught.value) == says
+
+
+def test_a_bool_is_true_or_false_or_their_strings_not_a_number():
+    class Flag(Parameters):
+        on: bool = False
+
+    assert [Flag.read({"on": v}, "f")["on"] for v in (True, False, "true", "False")] == [True, False, True, False]
+    for sent in (1, 0, "1", "yes"):
+        with pytest.raises(ParameterError, match="send true or false"):
+            Flag.read({"on": sent}, "f")
+
+
 def test_tritons_own_parameters_and_the_probe_pass_by():
     with cascade() as flow:
         assert flow.classify([photo()], parameters={"timeout": 5, "priority": 1, "bls_probe": True}).routes.shape == (1, 1)
@@ -95,9 +129,10 @@ def test_parameters_are_declared_typed_and_read_per_row(tmp_path):
         threshold: float = 0.5
         label: str = "x"
 
-    assert P.read({"threshold": "0.25"}, "f") == {"threshold": 0.25, "label": "x"}
+    assert P.read({"threshold": 0.25}, "f") == {"threshold": 0.25, "label": "x"}
+    assert P.read({"threshold": 1}, "f") == {"threshold": 1.0, "label": "x"}  # a JSON integer is a number too
     with pytest.raises(ValueError, match="send a finite number"):
-        P.read({"threshold": "nan"}, "f")
+        P.read({"threshold": float("nan")}, "f")
     with pytest.raises(TypeError, match="Triton's own"):
         type("Bad", (Parameters,), {"__annotations__": {"timeout": int}, "timeout": 1})
     with pytest.raises(TypeError, match="needs a default"):

@@ -60,6 +60,37 @@ def test_the_scrape_config_loads_with_its_rules():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def _run_prometheus(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(MONITORING / "run-prometheus.sh"), *args], capture_output=True, text=True, timeout=60)
+
+
+@needs_promtool
+def test_run_prometheus_writes_the_scrape_config_for_other_ports(tmp_path):
+    """bls-serve on other ports: the script's config scrapes those, loads the rules from
+    anywhere, and promtool takes it (tests/integration/test_prometheus.py runs Prometheus with it)."""
+    done = _run_prometheus("--metrics-port", "9102", "--status-port", "9103", "--interval", "1s", "--print-config")
+    assert done.returncode == 0, done.stderr
+    config = done.stdout
+    assert '- targets: ["127.0.0.1:9102"]' in config and '- targets: ["127.0.0.1:9103"]' in config
+    assert "8002" not in config.split("global:")[1] and "8003" not in config.split("global:")[1]
+    assert f"  - {MONITORING / 'rules.yml'}\n" in config and "scrape_interval: 1s" in config
+    (tmp_path / "prometheus.yml").write_text(config)
+    checked = _promtool("check", "config", str(tmp_path / "prometheus.yml"), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert '"[::1]:9102"' in _run_prometheus("--host", "::1", "--metrics-port", "9102", "--print-config").stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--metrics-port", "80o2"), "--metrics-port 80o2: a port number 1..65535"),
+    (("--status-port", "70000"), "--status-port 70000: a port number 1..65535"),
+    (("--interval", "5"), "--interval 5: a Prometheus duration such as 1s, 15s, 1m"),
+    (("--metric-port", "9002"), "unknown argument --metric-port"),
+])
+def test_run_prometheus_names_a_bad_flag(args, says):
+    done = _run_prometheus(*args, "--print-config")
+    assert done.returncode == 2 and says in done.stderr and done.stdout == ""
+
+
 def _dashboard_exprs() -> list[str]:
     dashboard = json.loads((MONITORING / "dashboard.json").read_text())
     return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]

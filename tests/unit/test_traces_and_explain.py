@@ -13,7 +13,7 @@ import pytest
 from bls_pipeline.serve.explain import explain, slowest
 from bls_pipeline.serve.status import LATENCY_BOUNDS, Histogram
 from bls_pipeline.serve.traces import TraceFiles, parse
-from bls_pipeline.tools.explain import render
+from bls_pipeline.tools.explain import main as explain_main, parse_duration, render
 
 MS = 1_000_000
 
@@ -170,3 +170,63 @@ def test_the_status_port_counts_users_requests_and_triton_s_refusals_only(tmp_pa
     assert "resnet50_onnx" not in text
     assert 'bls_refused_requests_total{model="classify_bls"} 1' in text
     assert list(tmp_path.glob("trace.json.*")) == []  # its own folder: read and removed
+
+
+def test_slowest_keeps_to_a_model_and_a_time_window():
+    """--model and --since: a slow request of another model, or one from an earlier run, is not
+    among the slowest."""
+    traces = parse(json.dumps(_entries(1, "m", "old", _request(0, MS, 99 * MS)) + _entries(2, "m", "new", _request(100 * MS, MS, 5 * MS))
+                              + _entries(3, "other", "x", _request(100 * MS, MS, 50 * MS))
+                              + _entries(4, "m", "newer", _request(200 * MS, MS, 2 * MS))))
+    assert [t.request_id for t in slowest(traces, 3)] == ["old", "x", "new"]
+    assert [t.request_id for t in slowest(traces, 3, model="m")] == ["old", "new", "newer"]
+    assert [t.request_id for t in slowest(traces, 3, model="m", since_ns=100 * MS)] == ["new", "newer"]
+    assert slowest(traces, 3, model="absent") == []
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("1.5m", 90.0), ("250ms", 0.25)])
+def test_a_duration_is_a_number_and_a_unit(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5", "5x", "m", "-5m", "0s", "", "5 minutes"])
+def test_a_bad_duration_says_what_to_write(text, capsys):
+    with pytest.raises(SystemExit) as exc:
+        explain_main(["--slowest", "3", f"--since={text}"])
+    assert exc.value.code == 2
+    assert f"--since: {text!r} is not a duration: write a number above 0 and a unit (ms, s, m, h), e.g. 30s, 5m, 1h" \
+        in capsys.readouterr().err
+
+
+def test_the_status_port_answers_the_slowest_of_a_model_in_a_window(tmp_path, capsys):
+    """bls-explain --slowest N --since D --model M against the status port: Triton's timestamps
+    are on this process's monotonic clock, so a request 10 minutes old is outside --since 5m."""
+    import time
+
+    from bls_pipeline.serve.admin import RepositoryAdmin
+    from bls_pipeline.serve.states import ModelStates
+    from bls_pipeline.serve.status import StatusServer
+
+    now = time.monotonic_ns()
+    files = [_entries(1, "classify_bls", "ten-minutes-ago", _request(now - 600_000 * MS, MS, 900 * MS)),
+             _entries(2, "classify_bls", "just-now", _request(now - 1_000 * MS, MS, 20 * MS)),
+             _entries(3, "triage_bls", "just-now-elsewhere", _request(now - 1_000 * MS, MS, 300 * MS))]
+    for i, entries in enumerate(files):
+        (tmp_path / f"trace.json.{i}").write_text(json.dumps(entries))
+    status = StatusServer("127.0.0.1", 0, ModelStates(RepositoryAdmin("127.0.0.1:1", "key")), "127.0.0.1:1",
+                          tmp_path / "trace.json", own_traces=True, records_path=tmp_path / "r.sock",
+                          ready_for=("classify_bls",), states_every_s=3600)
+    status.start()
+    try:
+        address = "127.0.0.1:%d" % status._http.server_address[1]
+        assert explain_main(["--status", address, "--slowest", "5", "--json"]) == 0
+        assert [f["request_id"] for f in json.loads(capsys.readouterr().out)] == [
+            "ten-minutes-ago", "just-now-elsewhere", "just-now"]
+        assert explain_main(["--status", address, "--slowest", "5", "--since", "5m", "--model", "classify_bls", "--json"]) == 0
+        assert [f["request_id"] for f in json.loads(capsys.readouterr().out)] == ["just-now"]
+        assert explain_main(["--status", address, "--slowest", "5", "--since", "5m", "--model", "read_text"]) == 1
+        assert capsys.readouterr().err == "no request of read_text in the last 5m traced\n"
+        assert explain_main(["--status", address, "--request", "ten-minutes-ago", "--since", "1m"]) == 1
+        assert capsys.readouterr().err == "no such request among the recent ones in the last 1m\n"
+    finally:
+        status.stop()

@@ -16,7 +16,7 @@ import tritonclient.http as tc
 from bls_pipeline.runtime.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
 from bls_pipeline.serve.processes import Stubs, model_of, stub_instances, stubs
-from bls_pipeline.serve.watchdog import Watchdog, _probe_inputs, dead_stub_model, instance_names
+from bls_pipeline.serve.watchdog import ProbeBackoff, Watchdog, _probe_inputs, dead_stub_model, instance_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -249,3 +249,84 @@ def test_a_probes_outcome_is_kept_but_overload_and_timeouts_say_nothing(dog, mon
     for _ in range(2):  # refused for overload, timed out: the last outcome stands
         dog._probe("classify_bls", [])
         assert not dog.outcomes["classify_bls"].ok and "no classifier" in dog.outcomes["classify_bls"].message
+
+
+# ---- a model that stays broken: probes back off, one log line per change ----------------------
+
+def test_a_broken_models_probes_back_off_to_the_cap_and_log_once():
+    """Probed every 2 s, a model left broken logged a line each probe (84 in 5 minutes with no
+    traffic); now 2, 4, 8, 16, 30, 30 s apart, with one line when it breaks and one when it answers."""
+    backoff = ProbeBackoff(interval_s=2.0, max_s=30.0)
+    now, probes, lines = 0.0, [], []
+    while now <= 300.0:
+        if backoff.due("m", now):
+            probes.append(now)
+            lines.append(backoff.failed("m", "[StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]\nmore", now))
+        now += 2.0  # the watchdog's rounds
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:5] == [2.0, 4.0, 8.0, 16.0, 30.0] and set(gaps[4:]) == {30.0}
+    assert len(probes) == 14  # in 5 minutes, not 150
+    said = [ln for ln in lines if ln]
+    assert said == ["watchdog: the probe of m failed: [StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]; "
+                    "probing it again in 2 s, then twice as long each time, up to every 30 s, until it answers"]
+    assert backoff.answered("m", 301.0) == "watchdog: m answers its probe again, after 301 s and 14 failed probe(s)"
+    assert backoff.answered("m", 303.0) is None and backoff.due("m", 303.0)  # answering: every round, nothing logged
+    assert backoff.failed("m", "broken again", 304.0).startswith("watchdog: the probe of m failed: broken again;")
+
+
+def test_a_model_that_answers_is_probed_every_round_and_never_logged():
+    backoff = ProbeBackoff(2.0, 30.0)
+    assert all(backoff.due("m", t) and backoff.answered("m", t) is None for t in range(0, 20, 2))
+
+
+def test_probe_soon_probes_a_broken_model_at_the_next_round_and_restarts_its_backoff():
+    backoff = ProbeBackoff(2.0, 30.0)
+    for t in (0.0, 2.0, 6.0, 14.0, 30.0):
+        backoff.failed("m", "x", t)
+    assert not backoff.due("m", 31.0)
+    backoff.probe_soon()
+    assert backoff.due("m", 31.0)
+    assert backoff.failed("m", "x", 31.0) is None  # still broken: no new line
+    assert not backoff.due("m", 32.0) and backoff.due("m", 33.0)  # interval_s again, then doubling
+
+
+def test_the_watchdog_skips_a_broken_model_until_due_and_a_change_in_the_ready_models_probes_it(dog, monkeypatch, caplog):
+    from tritonclient.utils import InferenceServerException
+
+    sent, clock = [], [100.0]
+
+    def infer(model, inputs, **kwargs):
+        sent.append((clock[0], model))
+        if model == "classify_bls":
+            raise InferenceServerException("[StatusCode.INTERNAL] resnet50_onnx returned output with shape (1, 10)")
+
+    class Rounds:
+        """The probes' loop's waits: each one 2 s on the clock, then a halt after `left` rounds."""
+        left = 0
+
+        def wait(self, seconds):
+            self.left -= 1
+            clock[0] += 2.0
+            return self.left < 0
+
+        def is_set(self):
+            return False
+
+    monkeypatch.setattr(dog._client, "infer", infer)
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(dog, "_look", lambda: None)
+    dog._halt = Rounds()
+    dog._halt.left = 5
+    with caplog.at_level("INFO", logger=watchdog.__name__):
+        dog._probe_rounds()  # rounds at 102, 104, ... 110
+    assert [t for t, m in sent if m == "resnet50_onnx"] == [102, 104, 106, 108, 110]
+    assert [t for t, m in sent if m == "classify_bls"] == [102, 104, 108]  # then 2 s, 4 s later; next due at 116
+    assert [r.getMessage() for r in caplog.records] == [
+        "watchdog: the probe of classify_bls failed: [StatusCode.INTERNAL] resnet50_onnx returned output with shape "
+        "(1, 10); probing it again in 2 s, then twice as long each time, up to every 30 s, until it answers"]
+    configs = {m: parse_config(MODELS / m) for m in ("classify_bls", "resnet50_onnx", "image_quality")}
+    dog._models = lambda: configs  # a model loaded: the broken one is probed at the next round
+    sent.clear()
+    dog._halt.left = 1
+    dog._probe_rounds()
+    assert sent == [(114, "classify_bls"), (114, "resnet50_onnx"), (114, "image_quality")]  # classify_bls due at 116 else
