@@ -15,11 +15,19 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from .traces import RequestTrace
+from .traces import CANCELLED, QUEUE_FULL, QUEUE_TIMEOUT, RequestTrace
 
 __all__ = ["explain", "slowest"]
 
 _SLACK_NS = 500_000  # a record's bounds may sit this far outside the trace's (clock reads a hair apart)
+
+# A request the model never saw, by how it left Triton's queue (RequestTrace.unserved).
+_UNSERVED = {
+    QUEUE_FULL: "refused by Triton's queue, full (Exceeds maximum queue size): the model never saw it",
+    QUEUE_TIMEOUT: "refused by Triton's queue once it waited out its timeout (Request timeout expired): the model never saw it",
+    CANCELLED: "its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's queue: dropped "
+               "there, not refused; the model never saw it",
+}
 
 
 def slowest(traces: Iterable[RequestTrace], n: int, exclude_ids: Sequence[str] = (), *, model: str | None = None,
@@ -59,9 +67,10 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
     the child calls)."""
     out: dict[str, Any] = {"model": trace.model, "request_id": trace.request_id, "trace_id": trace.id,
                            "total_ms": trace.span_ms("REQUEST_START", "REQUEST_END")}
-    if trace.refused:
-        out["refused"] = True
-        out["parts"] = [{"part": "queue", "ms": None, "note": "refused by Triton's queue (full, or its timeout): never computed"}]
+    if trace.unserved is not None:
+        out["unserved"] = trace.unserved
+        out["refused"] = trace.refused
+        out["parts"] = [{"part": "queue", "ms": trace.span_ms("QUEUE_START", "REQUEST_END"), "note": _UNSERVED[trace.unserved]}]
         return out
     compute = trace.span_ms("COMPUTE_START", "COMPUTE_END")
     out.update(queue_ms=trace.span_ms("REQUEST_START", "COMPUTE_START"), compute_ms=compute,

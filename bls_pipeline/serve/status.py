@@ -12,9 +12,15 @@ operator names, the request latency Triton's metrics lack, and the recent reques
                     user's request that reached the model, answered or failed
         bls_queue_duration_seconds{model}    histogram: the time it waited for an instance
                     (QUEUE_START to COMPUTE_START)
-        bls_refused_requests_total{model}    requests Triton's queue refused (full, or waited
-                    out its timeout: 503) before the model saw them; Triton 2.51's own counters
-                    count them nowhere
+        bls_refused_requests_total{model,reason}   requests Triton's queue refused (503)
+                    before the model saw them: queue_full ("Exceeds maximum queue size": Triton
+                    2.51 counts it nowhere) or queue_timeout ("Request timeout expired": its
+                    nv_inference_request_failure{reason="REJECTED"}, probes and child calls
+                    included)
+        bls_queue_cancelled_requests_total{model}  requests whose client had gone (it
+                    cancelled, or its gRPC deadline passed) while they waited in Triton's queue,
+                    dropped there: not a refusal (Triton's {reason="CANCELED"}); the flows count
+                    those they drop themselves in bls_requests_total{code="CANCELLED"}
         bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index
         bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
     GET /requests?slowest=N, ?id=ID   the recent requests (the last KEEP) explained (explain.py);
@@ -23,8 +29,8 @@ operator names, the request latency Triton's metrics lack, and the recent reques
 The latencies come from Triton's own request traces, which bls-serve turns on for every
 request (level TIMESTAMPS, one file per trace, read here and removed); the watchdog's probes
 (request id contract.PROBE_REQUEST_ID) are left out. The histograms of the models /ready
-follows, and the refusals of every READY model, are there from the start at 0, so that a
-rate over them sees the first request. The flows send one record per execute()
+follows, and the refusals and cancellations of every READY model, are there from the start
+at 0, so that a rate over them sees the first request. The flows send one record per execute()
 to a datagram socket read here (adapter/records.py), which /requests joins with the traces.
 """
 
@@ -47,7 +53,7 @@ from typing import Callable, Sequence
 from ..contract import PROBE_REQUEST_ID
 from .explain import explain, slowest
 from .states import ModelStates
-from .traces import RequestTrace, TraceFiles
+from .traces import CANCELLED, QUEUE_FULL, QUEUE_TIMEOUT, RequestTrace, TraceFiles
 
 __all__ = ["LATENCY_BOUNDS", "Histogram", "StatusServer"]
 
@@ -92,8 +98,12 @@ _HELP = {
                                      "model, answered or failed"),
     "bls_queue_duration_seconds": ("histogram", "Seconds a user's request waited in Triton's queue for an instance "
                                    "(QUEUE_START to COMPUTE_START)"),
-    "bls_refused_requests_total": ("counter", "Users' requests Triton's queue refused before the model saw them "
-                                   "(queue full, or its timeout: 503)"),
+    "bls_refused_requests_total": ("counter", "Users' requests Triton's queue refused (503) before the model saw them, "
+                                   "by reason: queue_full (Exceeds maximum queue size) or queue_timeout (Request timeout "
+                                   "expired); not those whose client had gone"),
+    "bls_queue_cancelled_requests_total": ("counter", "Users' requests whose client had gone (it cancelled, or its gRPC "
+                                           "deadline passed) while they waited in Triton's queue, dropped there before "
+                                           "the model saw them; not a refusal"),
     "bls_model_ready": ("gauge", "1 while the model is READY in Triton's repository index, else 0"),
     "bls_model_load_failed": ("gauge", "1 while the model's last load failed (Triton's index: UNAVAILABLE with a reason)"),
     "bls_watchdog_reloads_total": ("counter", "Reloads of the model by bls-serve's watchdog after its python stub died"),
@@ -121,7 +131,8 @@ class StatusServer:
         self._collecting = threading.Lock()  # one reader of the trace files at a time (the thread's, /requests')
         self._requests: dict[str, Histogram] = {}
         self._queues: dict[str, Histogram] = {}
-        self._refused: dict[str, int] = {}
+        self._refused: dict[tuple[str, str], int] = {}  # (model, reason)
+        self._cancelled: dict[str, int] = {}
         self.traces: deque[RequestTrace] = deque(maxlen=KEEP)
         self.records: deque[dict] = deque(maxlen=KEEP)
         self.serving = False  # set once tritonserver serves: /ready is 503 "starting" before
@@ -184,8 +195,11 @@ class StatusServer:
                 # apart from its caller's trace).
                 if trace.request_id == PROBE_REQUEST_ID or not trace.model or trace.parent_id is not None:
                     continue
-                if trace.refused:
-                    self._refused[trace.model] = self._refused.get(trace.model, 0) + 1
+                unserved = trace.unserved
+                if unserved == CANCELLED:
+                    self._cancelled[trace.model] = self._cancelled.get(trace.model, 0) + 1
+                elif unserved is not None:
+                    self._refused[trace.model, unserved] = self._refused.get((trace.model, unserved), 0) + 1
                 else:
                     total = trace.span_ms("REQUEST_START", "REQUEST_END")
                     queue = trace.span_ms("QUEUE_START", "COMPUTE_START")
@@ -244,20 +258,25 @@ class StatusServer:
             lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows])
 
         with self._lock:
-            # The models /ready follows, and every READY one's refusals, are there from the start,
-            # at 0: a rate over them sees the first request (a series that appears at 1 shows none).
+            # The models /ready follows, and every READY one's refusals and cancellations, are there
+            # from the start, at 0: a rate over them sees the first request (a series that appears
+            # at 1 shows none).
             for model in self.ready_for:
                 self._requests.setdefault(model, Histogram())
                 self._queues.setdefault(model, Histogram())
             for model, entry in self.states.states.items():
                 if entry["state"] == "READY":
-                    self._refused.setdefault(model, 0)
+                    for reason in (QUEUE_FULL, QUEUE_TIMEOUT):
+                        self._refused.setdefault((model, reason), 0)
+                    self._cancelled.setdefault(model, 0)
             family("bls_request_duration_seconds",
                    [ln for m, h in sorted(self._requests.items()) for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
             family("bls_queue_duration_seconds",
                    [ln for m, h in sorted(self._queues.items()) for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
-            family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}"}} {n}'
-                                                  for m, n in sorted(self._refused.items())])
+            family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}",reason="{r}"}} {n}'
+                                                  for (m, r), n in sorted(self._refused.items())])
+            family("bls_queue_cancelled_requests_total", [f'bls_queue_cancelled_requests_total{{model="{m}"}} {n}'
+                                                          for m, n in sorted(self._cancelled.items())])
         states, failed = self.states.states, self.states.failed()
         family("bls_model_ready", [f'bls_model_ready{{model="{m}"}} {int(s["state"] == "READY")}' for m, s in sorted(states.items())])
         family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} {int(m in failed)}' for m in sorted(states)])

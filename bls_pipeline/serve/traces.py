@@ -5,7 +5,8 @@ entry's timestamps merged by trace id.
 A flow's request trace carries REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_END and
 REQUEST_END (and the protocol's receive and send); the child calls the flow made for the
 execute() it was the first request of are entries with its id as `parent_id`. A request
-Triton refused in its queue (full, or waited out its timeout) has no COMPUTE_START. The
+that left Triton's queue without reaching the model has no COMPUTE_START, and the rest of
+its trace says how it left (RequestTrace.unserved). The
 timestamps are nanoseconds on CLOCK_MONOTONIC, the clock of time.monotonic_ns() in every
 process on the machine.
 """
@@ -18,9 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RequestTrace", "TraceFiles", "parse"]
+__all__ = ["CANCELLED", "QUEUE_FULL", "QUEUE_TIMEOUT", "RequestTrace", "TraceFiles", "parse"]
 
 log = logging.getLogger(__name__)
+
+# How a request the model never saw left Triton's queue (RequestTrace.unserved).
+QUEUE_FULL = "queue_full"  # refused as it came: "Exceeds maximum queue size" (503)
+QUEUE_TIMEOUT = "queue_timeout"  # refused once it waited out its timeout: "Request timeout expired" (503)
+CANCELLED = "cancelled"  # its client had gone (it cancelled, or its gRPC deadline passed): no answer sent
 
 
 @dataclass
@@ -40,9 +46,25 @@ class RequestTrace:
         return None
 
     @property
+    def unserved(self) -> str | None:
+        """How a request that entered Triton's queue and never reached the model left it, as
+        Triton 2.51 traces it over HTTP and gRPC alike (tests/integration/test_outcomes.py):
+        QUEUE_FULL: the queue refused it as it came, and Triton never took it (no REQUEST_END);
+        QUEUE_TIMEOUT: released once it waited out its timeout, its 503 sent (REQUEST_END and the
+        frontend's INFER_RESPONSE_COMPLETE); CANCELLED: released with no response, because its
+        client had gone (the gRPC frontend sends nothing on a cancelled call). None: it reached
+        the model (COMPUTE_START), or never entered a queue."""
+        if "QUEUE_START" not in self.ns or "COMPUTE_START" in self.ns:
+            return None
+        if "REQUEST_END" not in self.ns:
+            return QUEUE_FULL
+        return QUEUE_TIMEOUT if "INFER_RESPONSE_COMPLETE" in self.ns else CANCELLED
+
+    @property
     def refused(self) -> bool:
-        """Refused before the model saw it: queued, never computed (Triton's queue full or its timeout)."""
-        return "QUEUE_START" in self.ns and "COMPUTE_START" not in self.ns
+        """Refused by Triton's queue (full, or its timeout: 503) before the model saw it; a
+        request whose client had gone is not (unserved: CANCELLED)."""
+        return self.unserved in (QUEUE_FULL, QUEUE_TIMEOUT)
 
 
 def parse(text: str) -> list[RequestTrace]:

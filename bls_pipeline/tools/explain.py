@@ -62,8 +62,8 @@ def render(found: dict) -> str:
     total = found.get("total_ms")
     lines = [f"{found['model']} request {name} (trace {found['trace_id']}): "
              + (f"{total:,.1f} ms in Triton" if total is not None else "no end recorded")]
-    if found.get("refused"):
-        return "\n".join(lines + ["  refused by Triton's queue (full, or its timeout): the model never saw it"])
+    if found.get("unserved"):
+        return "\n".join(lines + [f"  {found['parts'][0]['note']}"])
     lines.append(f"  {'queue':34s}{found['queue_ms']:>10,.1f} ms  waiting for an instance")
     execute = found.get("execute")
     pid = f" (pid {execute['pid']})" if execute and execute.get("pid") else ""

@@ -55,6 +55,22 @@ def test_the_rule_tests_catch_a_rule_that_does_not_fire(tmp_path):
 
 
 @needs_promtool
+def test_the_rule_tests_catch_cancellations_counted_as_refusals(tmp_path):
+    """Counted as refusals (what bls-serve's refusal counter did before), the impatient
+    clients' cancellations page for overload and low availability: their case fails."""
+    shutil.copy(MONITORING / "rules_test.yml", tmp_path)
+    rules = (MONITORING / "rules.yml").read_text()
+    refused = "expr: sum by (model) (rate(bls_refused_requests_total[5m]))"
+    broken = rules.replace(refused, 'expr: sum by (model) (rate({__name__=~"bls_refused_requests_total|'
+                                    'bls_queue_cancelled_requests_total"}[5m]))')
+    assert broken != rules
+    (tmp_path / "rules.yml").write_text(broken)
+    done = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "impatient clients leave BLSShedding and BLSAvailabilityLow quiet" in out, out
+
+
+@needs_promtool
 def test_the_scrape_config_loads_with_its_rules():
     done = _promtool("check", "config", "prometheus.yml")
     assert done.returncode == 0, done.stdout + done.stderr

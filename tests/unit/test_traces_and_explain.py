@@ -41,9 +41,22 @@ def test_a_file_becomes_its_requests_with_their_child_calls():
     assert [c.model for c in trace.children] == ["resnet50_onnx"] and not trace.refused
 
 
-def test_a_request_refused_in_the_queue_has_no_compute():
-    (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", {"REQUEST_START": 0, "QUEUE_START": 5})))
-    assert trace.refused and trace.span_ms("REQUEST_START", "REQUEST_END") is None
+# How Triton 2.51 traces a request that left its queue unserved, over HTTP and gRPC alike
+# (tests/integration/test_outcomes.py sees each on a real server).
+_FULL = {"REQUEST_START": 0, "QUEUE_START": 5}  # "Exceeds maximum queue size": never taken in, never released
+_TIMED_OUT = {"REQUEST_START": 0, "QUEUE_START": 5, "INFER_RESPONSE_COMPLETE": 900 * MS, "REQUEST_END": 900 * MS + 5}
+_CANCELLED = {"REQUEST_START": 0, "QUEUE_START": 5, "REQUEST_END": 700 * MS}  # its client gone: no response sent
+
+
+def test_how_a_request_left_the_queue_unserved_is_read_from_its_trace():
+    unserved = {name: parse(json.dumps(_entries(4, "classify_bls", "r", stamps)))[0]
+                for name, stamps in (("full", _FULL), ("timed out", _TIMED_OUT), ("cancelled", _CANCELLED))}
+    assert {name: (t.unserved, t.refused) for name, t in unserved.items()} == {
+        "full": ("queue_full", True), "timed out": ("queue_timeout", True), "cancelled": ("cancelled", False)}
+    assert unserved["full"].span_ms("REQUEST_START", "REQUEST_END") is None
+    (answered,) = parse(json.dumps(_entries(5, "classify_bls", "a", {**_request(0, MS, MS), "INFER_RESPONSE_COMPLETE": 3 * MS})))
+    (gone_after,) = parse(json.dumps(_entries(6, "classify_bls", "g", _request(0, MS, MS))))  # computed, its client gone by the end
+    assert (answered.unserved, gone_after.unserved, answered.refused) == (None, None, False)
 
 
 def test_each_file_is_read_once_whole_and_removed_when_owned(tmp_path):
@@ -141,14 +154,25 @@ def test_bls_explain_prints_each_part_under_the_compute_with_the_stubs_pid():
     assert lines[-2] == "    (the measured parts: 79.2% of the compute)" and lines[-1].startswith("  response")
 
 
-def test_bls_explain_says_when_triton_refused_a_request():
-    (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", {"REQUEST_START": 0, "QUEUE_START": 5})))
-    assert render(explain(trace, [])).splitlines()[1] == "  refused by Triton's queue (full, or its timeout): the model never saw it"
+def test_bls_explain_says_whether_triton_refused_a_request_or_its_client_had_gone():
+    said = {}
+    for name, stamps in (("full", _FULL), ("timed out", _TIMED_OUT), ("cancelled", _CANCELLED)):
+        (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", stamps)))
+        said[name] = render(explain(trace, [])).splitlines()[1:]
+    assert said == {
+        "full": ["  refused by Triton's queue, full (Exceeds maximum queue size): the model never saw it"],
+        "timed out": ["  refused by Triton's queue once it waited out its timeout (Request timeout expired): the model never saw it"],
+        "cancelled": ["  its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's queue: "
+                      "dropped there, not refused; the model never saw it"]}
+    (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", _CANCELLED)))
+    assert explain(trace, [])["unserved"] == "cancelled" and explain(trace, [])["refused"] is False
 
 
-def test_the_status_port_counts_users_requests_and_triton_s_refusals_only(tmp_path):
-    """A user's request, the watchdog's probe, a child call written apart from its caller and a
-    request Triton's queue refused: the histogram counts the first, the refusals the last."""
+def test_the_status_port_counts_users_requests_refusals_and_cancellations_apart(tmp_path):
+    """A user's request, the watchdog's probe, a child call written apart from its caller, a
+    request Triton's queue refused as full, one it refused once its timeout passed, and two
+    whose client had gone while queued: the histogram counts the first, the refusals the two
+    refused by their reason, the cancellations the last two, in a series of their own."""
     from bls_pipeline.serve.admin import RepositoryAdmin
     from bls_pipeline.serve.states import ModelStates
     from bls_pipeline.serve.status import StatusServer
@@ -156,7 +180,9 @@ def test_the_status_port_counts_users_requests_and_triton_s_refusals_only(tmp_pa
     files = [_entries(1, "classify_bls", "user", _request(0, MS, 40 * MS)),
              _entries(2, "classify_bls", "bls_probe", _request(0, MS, 40 * MS)),
              _entries(3, "resnet50_onnx", "", _request(0, MS, 30 * MS), parent=99),
-             _entries(4, "classify_bls", "late", {"REQUEST_START": 0, "QUEUE_START": 5})]
+             _entries(4, "classify_bls", "late", _FULL),
+             _entries(5, "classify_bls", "waited", _TIMED_OUT),
+             _entries(6, "classify_bls", "gone", _CANCELLED) + _entries(7, "classify_bls", "gone too", _CANCELLED)]
     for i, entries in enumerate(files):
         (tmp_path / f"trace.json.{i}").write_text(json.dumps(entries))
     status = StatusServer("127.0.0.1", 0, ModelStates(RepositoryAdmin("127.0.0.1:1", "key")), "127.0.0.1:1",
@@ -168,7 +194,10 @@ def test_the_status_port_counts_users_requests_and_triton_s_refusals_only(tmp_pa
     assert 'bls_request_duration_seconds_bucket{model="classify_bls",le="0.047"} 1' in text  # 41.05 ms
     assert 'bls_request_duration_seconds_bucket{model="classify_bls",le="0.039"} 0' in text
     assert "resnet50_onnx" not in text
-    assert 'bls_refused_requests_total{model="classify_bls"} 1' in text
+    assert 'bls_refused_requests_total{model="classify_bls",reason="queue_full"} 1' in text
+    assert 'bls_refused_requests_total{model="classify_bls",reason="queue_timeout"} 1' in text
+    assert 'bls_queue_cancelled_requests_total{model="classify_bls"} 2' in text
+    assert "# HELP bls_queue_cancelled_requests_total " in text and "# TYPE bls_queue_cancelled_requests_total counter" in text
     assert list(tmp_path.glob("trace.json.*")) == []  # its own folder: read and removed
 
 
