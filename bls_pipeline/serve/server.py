@@ -789,8 +789,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated models the status port's /ready follows (default: --models, else every "
                         "flow loaded): READY, and a flow's last watchdog probe answered")
     p.add_argument("--fail-fast", action="store_true",
-                   help="exit 2 when any model fails its load; by default bls-serve names what failed and serves "
-                        "the rest (docs/reliability.md, \"A model that fails its load\")")
+                   help="exit 2 when any model fails its load or its config.pbtxt does not read; by default "
+                        "bls-serve names what failed and serves the rest (docs/reliability.md, \"A model that fails "
+                        "its load\")")
     p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
                    help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
                         f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
