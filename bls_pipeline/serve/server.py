@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..adapter.shared_stamp import STAMP_PREFIX
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
+from ..runtime.loader import is_flow_model
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
@@ -94,7 +95,8 @@ class ServerOptions:
     # bls-serve's own endpoint on this port (status.py): readiness of `ready_for`, latency
     # histograms from Triton's traces, the recent requests explained; None: none.
     status_port: int | None = None
-    # The models /ready follows; None: those asked for (`models`), else every flow loaded.
+    # The models /ready follows; None: those asked for (`models`), else every flow that loaded
+    # at start, and (both) every flow READY now, one loaded later included.
     ready_for: tuple[str, ...] | None = None
     # Triton's request traces into this file (FILE.0, FILE.1, ... kept); None: with a status
     # port, into a folder of its own, each trace removed once read.
@@ -281,7 +283,8 @@ class TritonServer:
             env[EXECUTIONS_ENV] = str(self._workdir / "executions.sock")
             self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
                                        own_traces=opts.trace_file is None, records_path=self._workdir / "executions.sock",
-                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog)
+                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog,
+                                       also_ready=self._flows_ready if opts.ready_for is None else tuple)
             self.status.start()
 
         cmd = [
@@ -329,6 +332,10 @@ class TritonServer:
                                f"{self._log_hint()}")
         for name, why in self.failed.items():
             log.error("%s FAILED to load, serving the others without it: %s", name, why)
+        if not (opts.ready_for or opts.models):  # every model was wanted, none named: a flow that failed is not followed
+            self.ready_for = tuple(m for m in self.ready_for if m not in self.failed)
+            if self.status is not None:
+                self.status.ready_for = self.ready_for
         self.states.refresh()
         self._started_at = time.monotonic()
         if opts.watchdog_interval_s > 0:
@@ -348,6 +355,13 @@ class TritonServer:
                 raise ValueError(f"readiness follows models that are not in the repository: {', '.join(unknown)}")
             return tuple(named)
         return tuple(m for m in plan.load if self.repository.callees.get(m)) or plan.load
+
+    def _flows_ready(self) -> tuple[str, ...]:
+        """The flows (models that call others) READY now, as of the last look at the states:
+        those known at start, and python models with a flow.py loaded later."""
+        root = self.repository.root if self.repository is not None else None
+        return tuple(m for m in self.states.ready() if self.repository.callees.get(m)
+                     or (m not in self.repository.configs and root is not None and is_flow_model(root / m)))
 
     def _tracing(self) -> tuple[Path | None, tuple[str, ...]]:
         """Where Triton writes its request traces and the flags that make it: the user's file,
@@ -786,8 +800,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bls-serve's own endpoint: /ready (the --ready-for models), /metrics (request latency "
                         "histograms), /requests (bls-explain); 0: none (and no request tracing)")
     p.add_argument("--ready-for", metavar="MODELS",
-                   help="comma-separated models the status port's /ready follows (default: --models, else every "
-                        "flow loaded): READY, and a flow's last watchdog probe answered")
+                   help="comma-separated models the status port's /ready follows, and no other (default: --models, "
+                        "else every flow that loaded at start; and any flow loaded later, while it is): READY, and a "
+                        "flow's last watchdog probe answered")
     p.add_argument("--fail-fast", action="store_true",
                    help="exit 2 when any model fails its load or its config.pbtxt does not read; by default "
                         "bls-serve names what failed and serves the rest (docs/reliability.md, \"A model that fails "
@@ -919,7 +934,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  FAILED to load: {name} ({_first_line(why)}); its callers answer 500 naming it")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
         if server.status_url:
-            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}; /metrics; /requests)")
+            also = "" if opts.ready_for else ", and every flow loaded later while it is"
+            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}{also}; /metrics; /requests)")
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)

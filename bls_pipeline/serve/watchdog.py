@@ -168,6 +168,9 @@ class Watchdog(threading.Thread):
                 log.info("watchdog: probing %s from now on (READY since the last round)", name)
         with self._looking:
             self._probes, self._instances = probes, instances
+            # A model no longer READY keeps no outcome: loaded again, its first probe speaks for it,
+            # not the failure of a copy that is gone.
+            self.outcomes = {m: o for m, o in self.outcomes.items() if m in models}
 
     def _probe_rounds(self) -> None:
         while not self._halt.wait(self._interval):
