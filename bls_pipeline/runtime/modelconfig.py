@@ -12,7 +12,13 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-__all__ = ["ModelConfig", "config_variant", "data_type", "parse_config", "string_parameters"]
+__all__ = ["ConfigFileError", "ModelConfig", "config_variant", "data_type", "parse_config", "string_parameters"]
+
+
+class ConfigFileError(ValueError):
+    """A config.pbtxt that cannot be read as a ModelConfig (it does not parse, has a field
+    ModelConfig lacks, is not UTF-8 text, or is not a readable file); the message names the
+    file, then the reason, on one line."""
 
 
 def _model_config_pb2():
@@ -38,8 +44,18 @@ ModelConfig = model_config_pb2.ModelConfig
 
 
 def parse_config(model_dir: Path) -> ModelConfig:
+    """model_dir's config.pbtxt; ConfigFileError naming the file where it cannot be read."""
     path = Path(model_dir) / "config.pbtxt"
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    try:
+        return text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:  # its text: "3:20 : 'max_batch_size: 64 {': Expected identifier or number, got {."
+        where = f"{path}:{exc.GetLine()}:{exc.GetColumn()}" if exc.GetLine() else str(path)
+        reason = str(exc).split(" : ", 1)[-1] if exc.GetLine() else str(exc)
+        raise ConfigFileError(f"{where}: {' '.join(reason.split())}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def string_parameters(config: ModelConfig) -> dict[str, str]:

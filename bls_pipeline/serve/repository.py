@@ -3,7 +3,9 @@ order to drain.
 
 A model calls others when it is an ensemble (its steps) or a flow model (the models its
 flow.py declares, with its config.pbtxt's settings applied). Loading a model loads what
-it calls; draining unloads callers before the models they call.
+it calls; draining unloads callers before the models they call. A folder whose config.pbtxt
+cannot be read is broken: kept apart with the reason (the file named), the others read as
+usual.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.loader import declared_calls, declared_models, is_flow_model
-from ..runtime.modelconfig import ModelConfig, parse_config, string_parameters
+from ..runtime.modelconfig import ConfigFileError, ModelConfig, parse_config, string_parameters
 
-__all__ = ["LoadPlan", "Repository", "artifact_problem", "drain_stages", "export_hint", "plan_loading", "standby_models"]
+__all__ = ["LoadPlan", "Repository", "artifact_problem", "config_problems", "drain_stages", "export_hint", "plan_loading",
+           "standby_models"]
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +37,22 @@ class Repository:
     root: Path
     configs: dict[str, ModelConfig]
     callees: dict[str, tuple[str, ...]]  # model -> the models it calls
+    # model -> why its config.pbtxt cannot be read ("<file>:3:20: <reason>"): not in configs
+    broken: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, root: Path) -> "Repository":
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"no model repository at {root}")
-        configs = {d.name: parse_config(d) for d in sorted(root.iterdir()) if (d / "config.pbtxt").is_file()}
-        return cls(root, configs, {name: _callees(root / name, cfg) for name, cfg in configs.items()})
+        configs, broken = {}, {}
+        for d in sorted(root.iterdir()):
+            if (d / "config.pbtxt").is_file():
+                try:
+                    configs[d.name] = parse_config(d)
+                except ConfigFileError as exc:
+                    broken[d.name] = str(exc)
+        return cls(root, configs, {name: _callees(root / name, cfg) for name, cfg in configs.items()}, broken)
 
     def baselines(self, asked: tuple[str, ...] | None = None) -> dict[str, str]:
         """The models marked as benchmark baselines (bench_baseline "1") that `asked` (model
@@ -50,16 +61,34 @@ class Repository:
         return {n: "a baseline for bls-bench: --with-baselines (or --models) loads it" for n, cfg in self.configs.items()
                 if string_parameters(cfg).get(BASELINE_PARAMETER) == "1" and n not in needed}
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every model folder with a config.pbtxt, broken ones too, in repository order."""
+        return tuple(sorted({*self.configs, *self.broken}))
+
     def closure(self, names: tuple[str, ...]) -> tuple[str, ...]:
-        """`names` and everything they call, directly or not (in repository order)."""
+        """`names` and everything they call, directly or not (in repository order; a broken
+        folder is there, what it would call is not known)."""
         seen: set[str] = set()
         todo = list(names)
         while todo:
             name = todo.pop()
             if name not in seen:
                 seen.add(name)
-                todo.extend(c for c in self.callees.get(name, ()) if c in self.configs)
-        return tuple(n for n in self.configs if n in seen)
+                todo.extend(c for c in self.callees.get(name, ()) if c in self.configs or c in self.broken)
+        return tuple(n for n in self.names if n in seen)
+
+
+def config_problems(root: Path, models: tuple[str, ...]) -> dict[str, str]:
+    """{model: why its config.pbtxt cannot be read} for those of `models` whose folder in
+    `root` has one that does not read now (read again at each call: a fixed file drops out)."""
+    problems = {}
+    for name in models:
+        try:
+            parse_config(Path(root) / name)
+        except ConfigFileError as exc:
+            problems[name] = str(exc)
+    return problems
 
 
 def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
@@ -229,6 +258,8 @@ class LoadPlan:
     load: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)
     standby: dict[str, str] = field(default_factory=dict)  # standby_models(): model -> why it is on standby
+    # Wanted models whose config.pbtxt cannot be read (Repository.broken): not loaded, a failed load to report
+    broken: dict[str, str] = field(default_factory=dict)
 
 
 def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, ...] | None = None,
@@ -237,12 +268,15 @@ def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, .
     load here (each with the reason) and `exclude` ({model: reason})."""
     repo = repo if isinstance(repo, Repository) else Repository.read(repo)
     if only is not None:
-        unknown = sorted(set(only) - set(repo.configs))
+        unknown = sorted(set(only) - set(repo.names))
         if unknown:
-            raise ValueError(f"no such model in {repo.root}: {', '.join(unknown)} (models there: {', '.join(repo.configs)})")
-    asked = tuple(repo.configs) if only is None else only
-    wanted = repo.closure(asked)
+            raise ValueError(f"no such model in {repo.root}: {', '.join(unknown)} (models there: {', '.join(repo.names)})")
+    asked = repo.names if only is None else only
+    closure = repo.closure(asked)
     skipped = dict(exclude or {})
+    # A broken folder: a failed load to report (unless excluded), never one to plan.
+    broken = {n: repo.broken[n] for n in closure if n in repo.broken and n not in skipped}
+    wanted = tuple(n for n in closure if n not in repo.broken)
     for name in wanted:
         why = _missing_part(repo.root / name, repo.configs[name], backends)
         if why and name not in skipped:
@@ -260,7 +294,8 @@ def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, .
         if helper_only and name not in skipped and (only is None or name not in only) and all(c in skipped for c in callers):
             skipped[name] = f"only {', '.join(callers)} use{'s' if len(callers) == 1 else ''} it, and {'it' if len(callers) == 1 else 'they'} cannot load"
     load = tuple(n for n in wanted if n not in skipped)
-    return LoadPlan(load=load, skipped={n: skipped[n] for n in wanted if n in skipped}, standby=standby_models(repo, load))
+    return LoadPlan(load=load, skipped={n: skipped[n] for n in closure if n in skipped},
+                    standby=standby_models(repo, load), broken=broken)
 
 
 def drain_stages(repo: Path | Repository, loaded: tuple[str, ...]) -> list[tuple[str, ...]]:

@@ -189,6 +189,8 @@ def _children_copies(repo: Path, models: tuple[str, ...] | None) -> dict[str, Pa
     for name in models or tuple(whole.configs):
         # A flow model calls what its flow declares; a step that reads its classifier's
         # config (the ensemble's pre/postprocessing) names it in its `classifier` parameter.
+        if name not in whole.configs:
+            continue  # a broken config.pbtxt (Repository.broken): uploaded as it is, Triton's load names it
         named = string_parameters(whole.configs[name]).get("classifier")
         children = whole.callees[name] if is_flow_model(repo / name) else (named,) if named else ()
         for child in children:

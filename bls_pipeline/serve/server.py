@@ -6,8 +6,8 @@ wheel, loads only the models whose backend and artifacts are present (explicit m
 control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
 readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
 `bls-serve` (main) serves until SIGTERM or Ctrl-C and starts a tritonserver that died on its
-own again, with backoff. A model that fails its load is named and left out, the others served
-(`fail_fast` off: bls-serve's default); with a status port, bls-serve's own endpoint answers
+own again, with backoff. A model that fails its load, or whose config.pbtxt does not read, is
+named and left out, the others served (`fail_fast` off: bls-serve's default); with a status port, bls-serve's own endpoint answers
 readiness, latency histograms and the recent requests explained (status.py).
 """
 
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..adapter.queue_waits import WAIT_PREFIX
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
+from ..runtime.loader import is_flow_model
 from ..runtime.settings import RELOAD_KEY
 from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
@@ -88,13 +89,15 @@ class ServerOptions:
     # The Python whose environment the python models run in (its bin goes first on PATH),
     # of this one's version; None: this one. A model with EXECUTION_ENV_PATH runs in that instead.
     python: Path | None = None
-    # A model that fails its load: True, the start fails (tritonserver exits: what a tool or a
-    # test that needs every model wants); False, it is named (failed) and the others serve.
+    # A model that fails its load, or whose config.pbtxt does not read: True, the start fails
+    # (tritonserver exits, or is not started: what a tool or a test that needs every model
+    # wants); False, it is named (failed) and the others serve.
     fail_fast: bool = True
     # bls-serve's own endpoint on this port (status.py): readiness of `ready_for`, latency
     # histograms from Triton's traces, the recent requests explained; None: none.
     status_port: int | None = None
-    # The models /ready follows; None: those asked for (`models`), else every flow loaded.
+    # The models /ready follows; None: those asked for (`models`), else every flow that loaded
+    # at start, and (both) every flow READY now, one loaded later included.
     ready_for: tuple[str, ...] | None = None
     # Triton's request traces into this file (FILE.0, FILE.1, ... kept); None: with a status
     # port, into a folder of its own, each trace removed once read.
@@ -212,27 +215,45 @@ class TritonServer:
         a tool checks it has the models it needs before it waits for a server."""
         if self._plan is None:
             self._workdir = self._workdir or Path(tempfile.mkdtemp(prefix="bls-triton-"))
-            if s3.is_s3(self.options.model_repository):
-                # Tritonserver reads the bucket itself; the plan reads a local view of it, and
-                # a wrong region, credentials or bucket fail here with the cause, not in Triton's log.
-                repo = s3.download_for_planning(str(self.options.model_repository), self._workdir / "s3-view")
-            else:
-                repo = Path(self.options.model_repository).resolve()
-            if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
-                raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
-            self._binary = _find_binary(self._workdir, self.options.python)
-            self.repository = repository.Repository.read(repo)
-            exclude = dict(self.options.exclude)
-            if self.options.exclude_baselines:
-                exclude = {**self.repository.baselines(self.options.models), **exclude}
-            self._plan = repository.plan_loading(self.repository, _available_backends(self._binary),
-                                                 only=self.options.models, exclude=exclude)
+            try:
+                self._plan = self._make_plan()
+            except BaseException:
+                if not self.running():  # nothing uses the folder yet: it goes with the error
+                    shutil.rmtree(self._workdir, ignore_errors=True)
+                    self._workdir = None
+                raise
             self.loaded, self.skipped = self._plan.load, self._plan.skipped
         return self._plan
 
+    def _make_plan(self) -> repository.LoadPlan:
+        """The plan, from the repository as it reads now (an S3 one through a local view)."""
+        if s3.is_s3(self.options.model_repository):
+            # Tritonserver reads the bucket itself; the plan reads a local view of it, and
+            # a wrong region, credentials or bucket fail here with the cause, not in Triton's log.
+            repo = s3.download_for_planning(str(self.options.model_repository), self._workdir / "s3-view")
+        else:
+            repo = Path(self.options.model_repository).resolve()
+        if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
+            raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
+        self._binary = _find_binary(self._workdir, self.options.python)
+        self.repository = repository.Repository.read(repo)
+        exclude = dict(self.options.exclude)
+        if self.options.exclude_baselines:
+            exclude = {**self.repository.baselines(self.options.models), **exclude}
+        return repository.plan_loading(self.repository, _available_backends(self._binary),
+                                       only=self.options.models, exclude=exclude)
+
     def start(self, cancel: threading.Event | None = None) -> None:
         """Start tritonserver and wait until every model it loads is READY. `cancel`, once
-        set (bls-serve's SIGTERM), ends the wait: start() stops what it started and raises."""
+        set (bls-serve's SIGTERM), ends the wait. Where the start fails, start() stops what
+        it started (its temporary folder included) and raises."""
+        try:
+            self._start(cancel)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, cancel: threading.Event | None) -> None:
         opts = self.options
         self._cancel = cancel
         repo = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
@@ -240,15 +261,23 @@ class TritonServer:
         binary = self._binary
         for name, why in plan.skipped.items():
             log.info("not loading %s: %s", name, why)  # the caller says so to its user (bls-serve, bls-demo)
+        for name, why in self.repository.broken.items():  # one line each: the file, where in it, and why
+            if name not in plan.broken and name not in plan.skipped:
+                log.warning("not loading %s (not asked for); its config.pbtxt does not read: %s", name, why)
+        if plan.broken and opts.fail_fast:
+            raise ValueError(f"cannot read the config of {', '.join(plan.broken)} (the start fails on any model that "
+                             f"cannot load): {'; '.join(plan.broken.values())}")
         for name, why in plan.standby.items():
             log.info("%s is %s: on standby (a CPU engine model then holds its engine only while calls come)", name, why)
         if not plan.load:
-            raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped}")
+            raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped | plan.broken}")
         self.ready_for = self._ready_for(plan)
         _check_ports_free(opts)
         # The flows read the model states (a failed load: INTERNAL), kept current by the watchdog's
-        # rounds and the status port's.
-        self.states = ModelStates(self.admin, self._workdir / "model-states.json")
+        # rounds and the status port's; a wanted model whose config.pbtxt does not read is one.
+        broken, root = tuple(plan.broken), self.repository.root
+        self.states = ModelStates(self.admin, self._workdir / "model-states.json",
+                                  unreadable=lambda: repository.config_problems(root, broken))
         env = {**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby),
                MODEL_STATES_ENV: str(self.states.path)}
         traces = self._tracing()
@@ -256,7 +285,8 @@ class TritonServer:
             env[EXECUTIONS_ENV] = str(self._workdir / "executions.sock")
             self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
                                        own_traces=opts.trace_file is None, records_path=self._workdir / "executions.sock",
-                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog)
+                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog,
+                                       also_ready=self._flows_ready if opts.ready_for is None else tuple)
             self.status.start()
 
         cmd = [
@@ -297,19 +327,19 @@ class TritonServer:
         )
         self.queue_monitor = QueueMonitor(self.http_url, self._proc.pid)
         self.queue_monitor.start()
-        try:
-            self.failed = self.wait_ready(plan.load, opts.startup_timeout_s)
-            self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
-            self._check_it_is_ours()
-            self.loaded = tuple(m for m in plan.load if m not in self.failed)
-            if not self.loaded:
-                raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({_first_line(w)})' for m, w in self.failed.items())}"
-                                   f"{self._log_hint()}")
-        except BaseException:
-            self.stop()
-            raise
+        self.failed = {**plan.broken, **self.wait_ready(plan.load, opts.startup_timeout_s)}
+        self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
+        self._check_it_is_ours()
+        self.loaded = tuple(m for m in plan.load if m not in self.failed)
+        if not self.loaded:
+            raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({_first_line(w)})' for m, w in self.failed.items())}"
+                               f"{self._log_hint()}")
         for name, why in self.failed.items():
             log.error("%s FAILED to load, serving the others without it: %s", name, why)
+        if not (opts.ready_for or opts.models):  # every model was wanted, none named: a flow that failed is not followed
+            self.ready_for = tuple(m for m in self.ready_for if m not in self.failed)
+            if self.status is not None:
+                self.status.ready_for = self.ready_for
         self.states.refresh()
         self._started_at = time.monotonic()
         if opts.watchdog_interval_s > 0:
@@ -324,11 +354,18 @@ class TritonServer:
         model that calls others) loaded, else every model loaded."""
         named = self.options.ready_for or self.options.models
         if named:
-            unknown = [m for m in named if m not in self.repository.configs]
+            unknown = [m for m in named if m not in self.repository.names]
             if unknown:
                 raise ValueError(f"readiness follows models that are not in the repository: {', '.join(unknown)}")
             return tuple(named)
         return tuple(m for m in plan.load if self.repository.callees.get(m)) or plan.load
+
+    def _flows_ready(self) -> tuple[str, ...]:
+        """The flows (models that call others) READY now, as of the last look at the states:
+        those known at start, and python models with a flow.py loaded later."""
+        root = self.repository.root if self.repository is not None else None
+        return tuple(m for m in self.states.ready() if self.repository.callees.get(m)
+                     or (m not in self.repository.configs and root is not None and is_flow_model(root / m)))
 
     def _tracing(self) -> tuple[Path | None, tuple[str, ...]]:
         """Where Triton writes its request traces and the flags that make it: the user's file,
@@ -423,7 +460,15 @@ class TritonServer:
         return RepositoryAdmin(self.http_url, self.options.admin_key)
 
     def load_model(self, model: str) -> None:
-        self.admin.load(model)
+        """Load `model` from the repository; an AdminError that names its config.pbtxt, and
+        why, where that does not read (Triton says only "failed to poll from model repository")."""
+        try:
+            self.admin.load(model)
+        except AdminError as exc:
+            problem = repository.config_problems(self.repository.root, (model,)).get(model) if self.repository else None
+            if problem:
+                raise AdminError(f"{exc}: {problem}") from None
+            raise
 
     def unload_model(self, model: str) -> None:
         self.admin.unload(model)
@@ -762,11 +807,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bls-serve's own endpoint: /ready (the --ready-for models), /metrics (request latency "
                         "histograms), /requests (bls-explain); 0: none (and no request tracing)")
     p.add_argument("--ready-for", metavar="MODELS",
-                   help="comma-separated models the status port's /ready follows (default: --models, else every "
-                        "flow loaded): READY, and a flow's last watchdog probe answered")
+                   help="comma-separated models the status port's /ready follows, and no other (default: --models, "
+                        "else every flow that loaded at start; and any flow loaded later, while it is): READY, and a "
+                        "flow's last watchdog probe answered")
     p.add_argument("--fail-fast", action="store_true",
-                   help="exit 2 when any model fails its load; by default bls-serve names what failed and serves "
-                        "the rest (docs/reliability.md, \"A model that fails its load\")")
+                   help="exit 2 when any model fails its load or its config.pbtxt does not read; by default "
+                        "bls-serve names what failed and serves the rest (docs/reliability.md, \"A model that fails "
+                        "its load\")")
     p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
                    help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
                         f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
@@ -845,7 +892,8 @@ def main(argv: list[str] | None = None) -> int:
     """bls-serve. Exit code: 0 once stopped (SIGTERM, Ctrl-C) with every request in flight
     answered (tritonserver drained, even if it had to be killed after for a copy a dead
     stub left stuck); 1 when the stop could not drain, or tritonserver died on its own with
-    --no-restart; 2 when it could not start."""
+    --no-restart; 2 when it could not start (with --fail-fast: any model failed its load, or
+    its config.pbtxt does not read)."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = ServerOptions(
@@ -872,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start(cancel=stop)
     except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
-        server.stop()
+        server.stop()  # start() stopped what it started; this only makes sure
         if stop.is_set():
             log.info("stopped while tritonserver was starting")
             return 0
@@ -893,7 +941,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  FAILED to load: {name} ({_first_line(why)}); its callers answer 500 naming it")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
         if server.status_url:
-            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}; /metrics; /requests)")
+            also = "" if opts.ready_for else ", and every flow loaded later while it is"
+            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}{also}; /metrics; /requests)")
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)

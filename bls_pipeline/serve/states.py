@@ -3,7 +3,10 @@
 config as served. bls-serve's watchdog probes the python models READY now (models loaded
 later through the repository API too), its /ready and /metrics read the states, and the
 flows read them from a file (contract.MODEL_STATES_ENV) to tell a failed load from a model
-still to come (runtime/model_states.py).
+still to come (runtime/model_states.py). A model bls-serve was to load whose config.pbtxt
+does not read (Triton's index gives it no state: it only logs "failed to poll") shows as a
+failed load, UNAVAILABLE with the file and the reason, until Triton's index gives it a state
+or its file reads again.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 from google.protobuf import json_format
 
@@ -27,11 +31,15 @@ log = logging.getLogger(__name__)
 
 class ModelStates:
     """The index of the server behind `admin`, as of the last refresh(); `path`: the file the
-    flows read, rewritten when the states change (None: no file)."""
+    flows read, rewritten when the states change (None: no file); `unreadable`: {model: why
+    its config.pbtxt does not read}, asked at each refresh, for the models to show as failed
+    loads where Triton's index has no state for them."""
 
-    def __init__(self, admin: RepositoryAdmin, path: Path | None = None):
+    def __init__(self, admin: RepositoryAdmin, path: Path | None = None,
+                 unreadable: Callable[[], dict[str, str]] = dict):
         self._admin = admin
         self.path = path
+        self._unreadable = unreadable
         self._lock = threading.Lock()
         self.states: dict[str, dict[str, str]] = {}  # model -> {"state", "reason"}
         self._configs: dict[str, ModelConfig] = {}  # READY model -> its config as served
@@ -47,6 +55,8 @@ class ModelStates:
         for entry in index:
             if "state" in entry:  # a model of the repository never loaded has none
                 states[entry["name"]] = {"state": entry["state"], "reason": entry.get("reason", "")}
+        for model, why in self._unreadable().items():
+            states.setdefault(model, {"state": "UNAVAILABLE", "reason": why})
         with self._lock:  # the watchdog's rounds and the status port's refresh: one at a time
             self.states = states
             for gone in [m for m in self._configs if states.get(m, {}).get("state") != "READY"]:

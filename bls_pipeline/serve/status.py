@@ -1,9 +1,11 @@
 """bls-serve's own endpoint (--status-port, 8003): readiness that follows the models an
 operator names, the request latency Triton's metrics lack, and the recent requests explained.
 
-    GET /ready      200 when every named model is READY and its last probe answered (a flow
-                    whose candidates all failed to load does not), else 503 naming why; it
-                    does not depend on any other model, so a model that failed its load, was
+    GET /ready      200 when every model it follows is READY and its last probe answered (a
+                    flow whose candidates all failed to load does not), else 503 naming why,
+                    as of now; it follows the models named (--ready-for), else those asked
+                    for and every flow READY now (one loaded later too, while it is loaded).
+                    No other model counts: one that failed its load and nobody named, was
                     unloaded or is fixed later changes nothing here (Triton's strict
                     /v2/health/ready stays 400 after one failed load, even once it is unloaded)
     GET /metrics    Prometheus text:
@@ -114,15 +116,17 @@ class StatusServer:
     """The endpoint on host:port, with what feeds it: Triton's trace files under
     `trace_prefix` (removed once read when `own_traces`), the flows' records on the datagram
     socket `records_path`, the model states, and the watchdog (a callable: the current one or
-    None). `ready_for`: the models /ready follows."""
+    None). `ready_for`: the models /ready follows; `also_ready`: the models it follows as well,
+    asked at each look (bls-serve's: the flows READY now, where --ready-for is not given)."""
 
     def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path, own_traces: bool,
                  records_path: Path, ready_for: Sequence[str], watchdog: Callable[[], object | None] = lambda: None,
-                 interval_s: float = 0.2, states_every_s: float = 1.0):
+                 interval_s: float = 0.2, states_every_s: float = 1.0, also_ready: Callable[[], Sequence[str]] = tuple):
         self.host, self.port = host, port
         self.states = states
         self._http_url = http_url
         self.ready_for = tuple(ready_for)
+        self._also_ready = also_ready
         self._watchdog = watchdog
         self._files = TraceFiles(trace_prefix, remove=own_traces)
         self._records_path = Path(records_path)
@@ -239,7 +243,8 @@ class StatusServer:
         watchdog = self._watchdog()
         outcomes = getattr(watchdog, "outcomes", {}) if watchdog is not None else {}
         why = {}
-        for model in self.ready_for:
+        followed = tuple(dict.fromkeys((*self.ready_for, *self._also_ready())))
+        for model in followed:
             if not _model_ready(self._http_url, model):
                 entry = self.states.states.get(model, {})
                 why[model] = f"{entry.get('state') or 'not loaded'}" + (f" ({_first_line(entry['reason'])})"
@@ -248,7 +253,7 @@ class StatusServer:
                 why[model] = f"its last probe failed: {_first_line(outcomes[model].message)}"
         if why:
             return False, "not ready: " + "; ".join(f"{m} {w}" for m, w in why.items())
-        return True, "ready: " + ", ".join(self.ready_for)
+        return True, "ready: " + ", ".join(followed)
 
     def metrics(self) -> str:
         lines = []

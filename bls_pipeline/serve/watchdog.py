@@ -235,6 +235,9 @@ class Watchdog(threading.Thread):
             self.backoff.forget(name)
         with self._looking:
             self._probes, self._instances, self._configs = probes, instances, dict(models)
+            # A model no longer READY keeps no outcome: loaded again, its first probe speaks for it,
+            # not the failure of a copy that is gone.
+            self.outcomes = {m: o for m, o in self.outcomes.items() if m in models}
 
     def _probe_rounds(self) -> None:
         while not self._halt.wait(self._interval):
