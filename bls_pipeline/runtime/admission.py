@@ -24,15 +24,18 @@ A call is not grown past what its rows' deadlines allow: the rows with the least
 are refused until the call's predicted time fits the rest.
 
 For clients that give no deadline, a queue-delay target per flow (`queue_delay_target_ms`),
-as CoDel does for packets: the instance sheds only on a standing queue, that is when both
+as CoDel does for packets: an instance starts shedding only on a standing queue, that is when
+both
 
 - Triton measured every window's mean wait over the last interval above the target, and
 - the execute() came full (max_batch_size requests: the queue held at least that many),
 
-never on one slow request or one slow execute(). While it sheds, an execute() answers only as
-many of its requests, the newest first, as it can finish in a fifth of the target (50 ms at
-most), and refuses the rest at once. Most refusals under overload are Triton's own, cheaper
-and sooner: its queue holds max_queue_size requests and refuses the next on arrival.
+never on one slow request or one slow execute(). While it sheds, an execute() answers only
+the newest of its requests that it can finish within the target, counting the wait Triton
+measured last (at least one), and refuses the rest at once; it stops once an execute()
+comes short of full (the queue drained). Whatever it keeps is answered about `target` after
+it arrived. Most refusals under overload are Triton's own, cheaper and sooner: its queue
+holds max_queue_size requests and refuses the next on arrival.
 """
 
 from __future__ import annotations
@@ -54,9 +57,6 @@ STALE_S = 1.0
 # What an answer needs after the runtime's last look at its deadline: top-k, the response's way
 # back through Triton to the client.
 RESPONSE_S = 0.010
-# While shedding, an execute() takes on what it can finish in a fifth of the target, and at
-# most SHED_MAX_S: the instance frees up that often, so a refused request waits about that long.
-SHED_SHARE, SHED_MAX_S = 0.2, 0.05
 _EWMA = 0.2  # weight of a new measurement
 
 
@@ -230,29 +230,31 @@ class Admission:
 
     def admit(self, clock: RequestClock, results: list, timings: Timings, reading: QueueReading | None) -> None:
         """At the door, before decoding: drop the gone and the expired, refuse what cannot
-        finish in time, and on a standing queue keep only what fits in the shedding budget."""
+        finish in time, and while shedding keep only what finishes within the target."""
         now = clock.clock()
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
         drop(clock, results, timings, "admission", now, images,
              predicted=lambda n: self.costs.predict("execute", n))
-        self.shedding = self.standing(reading, len(clock.requests))
+        full = self.max_batch_size and len(clock.requests) >= self.max_batch_size
+        if reading is None or not full:
+            self.shedding = False  # unmeasured, or the queue drained: nothing to shed on
+        elif not self.shedding:
+            self.shedding = self.standing(reading, len(clock.requests))
         if not self.shedding:
             return
         pending = [r for r in range(len(results)) if results[r] is None]
-        per_image = self.costs.per_image("execute")
-        budget_s = min(self.target_s * SHED_SHARE, SHED_MAX_S)
-        budget = max(1, int(budget_s / per_image)) if per_image else len(pending)
+        budget_s = self.target_s - reading.wait_s  # what is left of the target after the wait Triton measured
         taken = 0
         for r in reversed(pending):  # Triton hands them over oldest first: the newest have waited least
-            if taken + images(r) <= budget or taken == 0:
+            if taken == 0 or self.costs.predict("execute", taken + images(r)) <= budget_s:
                 taken += images(r)
                 continue
             _fail(results, timings, r, images(r), "admission", "shed", UNAVAILABLE,
-                  f"overloaded: requests have waited {reading.standing_s * 1e3:.0f} ms or more on average in this "
-                  f"flow's queue for {reading.interval_s:g} s (Triton's statistics; the latest: {reading.wait_s * 1e3:.0f} ms "
-                  f"over {reading.requests} requests), over its queue_delay_target_ms={self.target_s * 1e3:g}, and the "
-                  f"queue stands ({len(clock.requests)} requests taken at once, max_batch_size {self.max_batch_size}); "
-                  "refused at once: try again later")
+                  f"overloaded: requests waited {reading.wait_s * 1e3:.0f} ms on average in this flow's queue (Triton's "
+                  f"statistics, {reading.requests} requests in the latest window), {reading.standing_s * 1e3:.0f} ms or more "
+                  f"for {reading.interval_s:g} s, over its queue_delay_target_ms={self.target_s * 1e3:g}, and the queue "
+                  f"stands ({len(clock.requests)} requests taken at once, max_batch_size {self.max_batch_size}): this "
+                  f"execute() answers the {taken} newest it can finish within the target; refused at once: try again later")
 
     def close(self, images: int) -> None:
         """The execute() is over: what its admitted images cost."""

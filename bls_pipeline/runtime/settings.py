@@ -61,8 +61,8 @@ class RuntimeSettings:
     run_in_process: tuple[str, ...] = ()
     # Shedding for clients that give no deadline (admission.py): on a standing queue (Triton
     # measured every window's mean wait over an interval above this, and execute()s come
-    # full), each execute() answers the newest it can finish in a fifth of it and refuses the
-    # rest at once (503). 0: off.
+    # full), each execute() answers the newest it can finish within it, counting the wait, and
+    # refuses the rest at once (503), until an execute() comes short of full. 0: off.
     queue_delay_target_ms: float = 0.0
     decode: DecodePolicy = DecodePolicy()
 

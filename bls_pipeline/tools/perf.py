@@ -209,7 +209,6 @@ def _compare_main(args: argparse.Namespace) -> int:
         repo = workdir / "models"
         bench.repository_for(targets, args.model_repository, repo)
         models = {t: bench.served_model(t) for t in targets}
-        _no_shedding(repo, set(models.values()))
         server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=tuple(sorted(set(models.values())))))
         missing = server.not_loaded(tuple(models.values()))
         if missing:
@@ -263,18 +262,6 @@ def _write(args: argparse.Namespace, runs: dict, unstable: list, targets: list[s
     report = _report(runs, targets, concurrency)
     (args.out / "compare.md").write_text(report)
     return report
-
-
-def _no_shedding(repo: Path, models: set[str]) -> None:
-    """queue_delay_target_ms 0 for each flow among `models` that sheds: past it a flow answers
-    503s to a closed loop that outgrows it, bls-bench counts them and perf_analyzer stops at
-    the first. Both tools measure capacity instead, the same config."""
-    from ..runtime.modelconfig import config_variant
-
-    for model in models:
-        config = repo / model / "config.pbtxt"
-        if '"queue_delay_target_ms"' in config.read_text():
-            config.write_text(config_variant(repo / model, model, {"queue_delay_target_ms": "0"}))
 
 
 def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[str], concurrency: list[int]) -> str:

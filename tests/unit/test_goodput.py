@@ -311,11 +311,11 @@ class FakeClock:
         return self.now
 
 
-def test_on_a_standing_queue_past_the_target_it_sheds_the_oldest():
+def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_queue_drains():
     clock = FakeClock()
     measured = {"now": None}
     door = Admission(max_batch_size=16, target_s=0.2, clock=clock, queue=lambda: measured["now"])
-    door.costs.observe("execute", 0.1, 10)  # 10 ms an image: the shedding budget (40 ms) is 4 images
+    door.costs.observe("execute", 0.1, 10)  # 10 ms an image
     requests = [ImageRequest([photo()]) for _ in range(16)]
 
     def execute(n):
@@ -332,15 +332,19 @@ def test_on_a_standing_queue_past_the_target_it_sheds_the_oldest():
     measured["now"] = reading(clock.now, 0.6, standing_s=0.1)
     assert execute(16)[0] == [None] * 16  # one window of long waits, not the whole interval: no standing queue
     measured["now"] = reading(clock.now, 0.5)
-    assert execute(8)[0] == [None] * 8  # long waits, but the execute() did not come full: the queue drained
-    results, timings = execute(16)  # full, and every window of the interval over the target: shed
+    assert execute(8)[0] == [None] * 8  # long waits, but the execute() came short of full: the queue drained
+    results, timings = execute(16)  # full, and every window of the interval over the target: shedding
     assert door.shedding
-    assert [r is None for r in results] == [False] * 12 + [True] * 4
-    assert {r.reason for r in results[:12]} == {"shed"} and results[0].code == UNAVAILABLE
+    assert [r is None for r in results] == [False] * 15 + [True]  # waited past the target already: the newest alone
+    assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
     message = results[0].message
-    assert "500 ms or more on average" in message and "queue_delay_target_ms=200" in message, message
+    assert "waited 500 ms on average" in message and "queue_delay_target_ms=200" in message, message
     assert "16 requests taken at once, max_batch_size 16" in message
-    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 12}
+    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
+    measured["now"] = reading(clock.now, 0.12, standing_s=0.12)  # the refusals shortened the queue: 80 ms left
+    results, _ = execute(16)
+    assert door.shedding and [r is None for r in results] == [False] * 8 + [True] * 8  # 8 images of 10 ms fit
+    assert execute(12)[0] == [None] * 12 and not door.shedding  # came short of full: the queue drained
     measured["now"] = reading(clock.now, 0.5, age=3.0)  # bls-serve stopped: unknown again
     assert execute(16)[0] == [None] * 16 and not door.shedding
 
