@@ -198,6 +198,7 @@ class Admission:
         self.queue = queue or (lambda: None)  # Triton's measurement of the queue; None: not measured
         self.costs = Costs()
         self.shedding = False
+        self._stood: QueueReading | None = None  # the reading that showed the queue standing, when shedding began
         self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
         self._started: float | None = None
 
@@ -240,8 +241,10 @@ class Admission:
             self.shedding = False  # unmeasured, or the queue drained: nothing to shed on
         elif not self.shedding:
             self.shedding = self.standing(reading, len(clock.requests))
+            self._stood = reading
         if not self.shedding:
             return
+        stood = self._stood
         pending = [r for r in range(len(results)) if results[r] is None]
         budget_s = self.target_s - reading.wait_s  # what is left of the target after the wait Triton measured
         taken = 0
@@ -250,11 +253,11 @@ class Admission:
                 taken += images(r)
                 continue
             _fail(results, timings, r, images(r), "admission", "shed", UNAVAILABLE,
-                  f"overloaded: requests waited {reading.wait_s * 1e3:.0f} ms on average in this flow's queue (Triton's "
-                  f"statistics, {reading.requests} requests in the latest window), {reading.standing_s * 1e3:.0f} ms or more "
-                  f"for {reading.interval_s:g} s, over its queue_delay_target_ms={self.target_s * 1e3:g}, and the queue "
-                  f"stands ({len(clock.requests)} requests taken at once, max_batch_size {self.max_batch_size}): this "
-                  f"execute() answers the {taken} newest it can finish within the target; refused at once: try again later")
+                  f"overloaded: this flow's queue stands: requests waited {stood.standing_s * 1e3:.0f} ms or more on "
+                  f"average for {stood.interval_s:g} s (Triton's statistics), over its queue_delay_target_ms="
+                  f"{self.target_s * 1e3:g}, and execute()s come full ({len(clock.requests)} requests taken at once, "
+                  f"max_batch_size {self.max_batch_size}); with the latest wait, {reading.wait_s * 1e3:.0f} ms, this "
+                  f"execute() answers the {taken} newest it can finish within the target: refused at once, try again later")
 
     def close(self, images: int) -> None:
         """The execute() is over: what its admitted images cost."""

@@ -273,7 +273,7 @@ def test_on_a_standing_queue_a_flow_refuses_at_once_what_it_cannot_start(goodput
     assert refused and answered, outcomes
     assert len(refused) + len(answered) == len(outcomes), outcomes
     for _, _, message in refused:
-        said = re.search(r"waited (\d+) ms or more on average .* queue_delay_target_ms=100\b", message)
+        said = re.search(r"queue stands: requests waited (\d+) ms or more on average .* queue_delay_target_ms=100\b", message)
         assert said and int(said.group(1)) > 100, message  # a true figure: over the target it names
     assert np.median([t for _, t, _ in refused]) < np.median([t for _, t, _ in answered])
     # Counted: the flow's metrics reach the endpoint within a second or so (polled, not slept).

@@ -338,12 +338,13 @@ def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_
     assert [r is None for r in results] == [False] * 15 + [True]  # waited past the target already: the newest alone
     assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
     message = results[0].message
-    assert "waited 500 ms on average" in message and "queue_delay_target_ms=200" in message, message
-    assert "16 requests taken at once, max_batch_size 16" in message
+    assert "waited 500 ms or more on average for 0.5 s" in message and "queue_delay_target_ms=200" in message, message
+    assert "16 requests taken at once, max_batch_size 16" in message and "latest wait, 500 ms" in message
     assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
     measured["now"] = reading(clock.now, 0.12, standing_s=0.12)  # the refusals shortened the queue: 80 ms left
     results, _ = execute(16)
     assert door.shedding and [r is None for r in results] == [False] * 8 + [True] * 8  # 8 images of 10 ms fit
+    assert "waited 500 ms or more" in results[0].message and "latest wait, 120 ms" in results[0].message  # both true
     assert execute(12)[0] == [None] * 12 and not door.shedding  # came short of full: the queue drained
     measured["now"] = reading(clock.now, 0.5, age=3.0)  # bls-serve stopped: unknown again
     assert execute(16)[0] == [None] * 16 and not door.shedding
