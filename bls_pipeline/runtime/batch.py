@@ -74,6 +74,7 @@ class RunContext(Protocol):
     def images(self) -> tuple[Sequence, np.ndarray]: ...
     def crops(self, spec, images: np.ndarray, boxes: np.ndarray): ...
     def fail_images(self, rows: np.ndarray, message: str, reason: str) -> None: ...
+    def fail_call(self, image_rows: np.ndarray, error: ChildCallError) -> None: ...
     def parameters(self, image_rows: np.ndarray): ...
     def time_left(self, image_rows: np.ndarray) -> np.ndarray: ...
     def request_ids(self, image_rows: np.ndarray) -> np.ndarray: ...
@@ -136,7 +137,8 @@ class Batch:
         """The regions a detector found on these rows, as a batch of their own: one row per
         region, in row order (`found` is an infer() of a model whose config names its
         boxes_output). A row with no region adds none; found=None (no detector READY) gives
-        no regions at all.
+        no regions at all. Boxes that break a detector's contract (a bad shape or count) fail
+        the requests of `found`'s rows, as a failed call would, and give no regions.
 
         margin: each region is cut with this fraction of its width and height added on
             every side (clipped to the image); its box stays the detector's.
@@ -166,7 +168,11 @@ class Batch:
                             "box_scores_output: name it, or filter the regions in the flow")
         values = {name: found.raw(name) for name in found.names}
         sources, scales = self._sources(found.rows)
-        boxes = found_boxes(child, values, found.rows, sources, scales, min_score)
+        try:
+            boxes = found_boxes(child, values, found.rows, sources, scales, min_score)
+        except ChildCallError as exc:  # boxes that break a detector's contract: as a failed call
+            self._run.fail_call(self._image_rows(found.rows), exc)
+            return Regions._empty(self)
         return Regions._make(self, boxes, margin, min_size, child.name)
 
     def together(self, *calls: Classify | Infer) -> list[Scores | Outputs | None]:

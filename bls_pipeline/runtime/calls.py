@@ -7,7 +7,9 @@ once. The first READY candidate answers (routing.Router); a call whose model cou
 it is sent again to the next READY candidate, or to the same model once it is back, for up
 to child_retry_s; a canary may answer instead of the stable model, a shadow mirror it.
 Outputs are checked against the child's config (one row per row sent, its dims and data
-type) before the flow sees them.
+type) before the flow sees them. A call that fails for good (a broken child, an overloaded
+one, none back in time) fails the requests with a row in it and no others; the flow gets
+its result on no rows and goes on for the rest.
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ class Execution(Protocol):
 
     def child(self, name: str, classifier: bool = False) -> ChildModel: ...
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
-    def tried(self, candidates: tuple[str, ...], kind: str) -> None: ...
-    def unready(self, role: str) -> None: ...
+    def unready(self, role: str, candidates: tuple[str, ...], kind: str) -> None: ...
+    def fail_call(self, image_rows: np.ndarray, error: ChildCallError) -> None: ...
     def keep_waiting(self, image_rows: np.ndarray, stage: str) -> np.ndarray: ...
     def timeout_for(self, image_rows: np.ndarray) -> float | None: ...
 
@@ -126,7 +128,6 @@ class Calls:
         while todo:
             sending, waiting = [], []
             for plan in todo:
-                self._exec.tried(plan.candidates, plan.kind)
                 plan.model = self._router.chooser(plan.candidates).choose(exclude=plan.tried)
                 if plan.model is not None:
                     plan.version = self._router.serving_version(plan.model)
@@ -143,6 +144,10 @@ class Calls:
                     sending.append(plan)
                 elif self._keeps_waiting(plan):
                     waiting.append(plan)
+                elif plan.failure is not None:  # its model could not take it, and none came back in time
+                    results[plan.index] = self._failed(batch, plan, self._gave_up(plan))
+                else:
+                    self._exec.unready(self._router.role(plan.candidates), plan.candidates, plan.kind)
             mirrored = {}
             try:  # inside: a mirror started (its slot taken) is always handed a stable answer
                 for plan in sending:
@@ -181,7 +186,11 @@ class Calls:
             shadow = mirrored[plan.index]
             if failed is None:
                 router.answered(plan.model)
-                results[plan.index] = self._result(batch, plan, parts)
+                try:
+                    results[plan.index] = self._result(batch, plan, parts)
+                except ChildCallError as broken:  # outputs that break its config's contract
+                    failed = broken
+            if failed is None:
                 if shadow is not None:
                     shadow.stable(self._device.to_host(results[plan.index]._probs), seconds)
                 continue
@@ -207,8 +216,9 @@ class Calls:
             elif router.still_ready(plan.candidates, plan.tried, plan.model):
                 # Its own failure names the model (broken: INTERNAL); an overloaded one, the role.
                 busy = getattr(failed, "busy", False)
-                raise ChildCallError(f"{plan.kind} {plan.model} failed: {failed}", busy=busy, model=plan.model,
-                                     role=router.role(plan.candidates) if busy else None)
+                error = ChildCallError(f"{plan.kind} {plan.model} failed: {failed}", busy=busy, model=plan.model,
+                                       role=router.role(plan.candidates) if busy else None)
+                results[plan.index] = self._failed(batch, plan, error)
             else:
                 log.warning("%s %s failed (%s); routing to the next ready one", plan.kind, plan.model, failed)
                 plan.tried += (plan.model,)
@@ -245,8 +255,7 @@ class Calls:
         return shadow.mirror(run_call, to_probs, background=self._router.mirror_send is not None)
 
     def _keeps_waiting(self, plan: _Plan) -> bool:
-        """No candidate left for this call: wait for one (True), give up as "none READY" (False),
-        or fail the call (raises) when its model could not take it and nothing came back in time.
+        """No candidate left for this call: wait for one (True) or give up (False).
 
         The runtime waits only for a model it saw go away, for at most child_retry_s."""
         router = self._router
@@ -255,14 +264,22 @@ class Calls:
         if plan.retry_until is not None and router.now() < plan.retry_until:
             plan.tried = ()  # every candidate may be back: each is looked at again
             return True
-        if plan.failure is not None:
-            model, error = plan.failure
-            raise ChildCallError(f"{plan.kind} {model} could not take the call ({error}), and no candidate "
-                                 f"({', '.join(plan.candidates)}) answered within "
-                                 f"child_retry_s={router.runtime.child_retry_s:g} s",
-                                 unavailable=True, model=model, role=router.role(plan.candidates))
-        self._exec.unready(router.role(plan.candidates))
         return False
+
+    def _gave_up(self, plan: _Plan) -> ChildCallError:
+        """Why a call whose model could not take it fails: nothing came back in time."""
+        model, error = plan.failure
+        return ChildCallError(f"{plan.kind} {model} could not take the call ({error}), and no candidate "
+                              f"({', '.join(plan.candidates)}) answered within "
+                              f"child_retry_s={self._router.runtime.child_retry_s:g} s",
+                              unavailable=True, model=model, role=self._router.role(plan.candidates))
+
+    def _failed(self, batch: CallTarget, plan: _Plan, error: ChildCallError) -> Scores | Outputs:
+        """A call that failed for good fails the requests with a row in it, and no others
+        (Execution.fail_call); the flow goes on with the call's result on no rows, as for a
+        call whose requests all went away: their rows are out of every later call and answer."""
+        self._exec.fail_call(batch._image_rows(plan.rows), error)
+        return self._result(batch, replace(plan, rows=plan.rows[:0]), None)
 
     # ---- one call's requests and what comes back ---------------------------------------------
     def _chunks(self, batch: CallTarget, plan: _Plan) -> list[ChildRequest]:

@@ -197,6 +197,7 @@ class FlowRuntime:
         except NoModelReady:
             return self._fail_pending(requests, results, self._no_model_error(run), timings)
         except ChildCallError as exc:
+            # A failure that no call could keep to its own rows (calls.py fails those itself).
             # Temporary (no candidate took the call in time, or one refused it for overload):
             # UNAVAILABLE, try again. Anything else is a broken child: INTERNAL, logged. A
             # request whose deadline passed meanwhile (a child's queue let its call time out)
@@ -221,17 +222,19 @@ class FlowRuntime:
                         default_topk=self.runtime.default_topk, device=self.device)
 
     def _no_model_error(self, run: Execution) -> RequestError:
-        """No candidate READY: UNAVAILABLE (try again later), unless a candidate tried failed its
-        load; then nothing will answer until someone fixes it: INTERNAL, naming the load error."""
-        failed = {m: why for m, why in self.failed_loads().items() if m in run.tried_models()}
+        """No candidate READY for a role: UNAVAILABLE (try again later), unless one of its
+        candidates failed its load; then nothing will answer until someone fixes it: INTERNAL,
+        naming the load error. The message names that role's candidates alone."""
+        candidates = run.unready_candidates()
+        failed = {m: why for m, why in self.failed_loads().items() if m in candidates and why.strip()}
+        message = run.no_model_message({m: why.strip().splitlines()[0] for m, why in failed.items()})
         if not failed:
-            return RequestError(run.no_model_message(), run.unready_role(), UNAVAILABLE)
+            return RequestError(message, run.unready_role(), UNAVAILABLE)
         model, why = next(iter(failed.items()))
         if (model, why) != self._failure_logged:  # once per failure, not once per request
             self._failure_logged = (model, why)
             log.error("flow %s: its candidate %s failed to load, so its requests fail as INTERNAL: %s", self.name, model, why)
-        first_line = why.strip().splitlines()[0]
-        return RequestError(f"{run.no_model_message()}; {model} failed to load: {first_line}", run.unready_role(), BROKEN)
+        return RequestError(message, run.unready_role(), BROKEN)
 
     def _check_request(self, req: ImageRequest, timings: Timings) -> RequestError | None:
         error = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from .calls import Calls, ChildRequest, Send
 from .children import ChildModel
 from .errors import ChildCallError, FlowError
 from .parameters import RowParameters
-from .results import ChildStats, ImageRequest, RequestError, Timings
+from .results import BROKEN, UNAVAILABLE, ChildStats, ImageRequest, RequestError, Timings
 
 __all__ = ["Execution"]
 
@@ -46,8 +46,8 @@ class Execution:
         self.max_regions = runtime.runtime.max_regions_per_image
         self.declared = runtime.declared
         self._results = results
-        self._tried: dict[str, str] = {}  # candidate -> kind ("classifier" or "model"), in order
-        self._unready: str | None = None  # the role of the last call that found no candidate READY
+        # The last call that found no candidate READY: (its role, its candidates, its kind).
+        self._unready: tuple[str, tuple[str, ...], str] | None = None
         self._trials = not probe
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
@@ -116,24 +116,27 @@ class Execution:
         # holding the batch's pixels until the garbage collector came by).
         return Calls(self, self._runtime.router, trials=self._trials).together(batch, calls)
 
-    def tried(self, candidates: tuple[str, ...], kind: str) -> None:
-        for m in candidates:
-            self._tried.setdefault(m, kind)
-
-    def unready(self, role: str) -> None:
-        """A call found no candidate READY (and waits no longer): the role NoModelReady names."""
-        self._unready = role
-
-    def tried_models(self) -> tuple[str, ...]:
-        """The candidates this execute()'s calls tried, in order."""
-        return tuple(self._tried)
+    def unready(self, role: str, candidates: tuple[str, ...], kind: str) -> None:
+        """A call found none of its candidates READY (and waits no longer): the role that a
+        NoModelReady raised now names, with these candidates (kind: "classifier" or "model")."""
+        self._unready = (role, candidates, kind)
 
     def unready_role(self) -> str:
-        return self._unready or "no_model_ready"
+        return self._unready[0] if self._unready is not None else "no_model_ready"
 
-    def no_model_message(self) -> str:
-        kind = "classifier" if set(self._tried.values()) <= {"classifier"} else "model"
-        return f"no {kind} is ready (tried, in order: {', '.join(self._tried) or 'none'})"
+    def unready_candidates(self) -> tuple[str, ...]:
+        """The candidates of the last call that found none READY, in order."""
+        return self._unready[1] if self._unready is not None else ()
+
+    def no_model_message(self, failed_loads: Mapping[str, str]) -> str:
+        """What NoModelReady says: the role that had no READY candidate and each of its
+        candidates' state (failed_loads: {model: the first line of why its load failed})."""
+        if self._unready is None:
+            return "no model is ready (the flow raised NoModelReady, and none of its calls found its candidates un-READY)"
+        role, candidates, kind = self._unready
+        states = ", ".join(f"{m} failed to load: {failed_loads[m]}" if m in failed_loads else f"{m} not READY"
+                           for m in candidates)
+        return f"no {kind} is ready for {role} (its candidates, in order: {states})"
 
     def child(self, name: str, classifier: bool = False) -> ChildModel:
         child = self.children[name]
@@ -202,6 +205,20 @@ class Execution:
                 index = int(row - np.flatnonzero(self.owners == r)[0])
                 self._results[r] = RequestError(f"IMAGE[{index}]: {message}", reason)
                 self._timings.reject(self._results[r], int((self.owners == r).sum()))
+
+    def fail_call(self, image_rows: np.ndarray, error: ChildCallError) -> None:
+        """A child call failed for good: the requests with a row in it fail with its error
+        (UNAVAILABLE when temporary, else INTERNAL: a broken child, logged), those whose client
+        went or whose deadline passed meanwhile as such; the rest of the execute() goes on."""
+        stage = error.model or "child"
+        self.drop_gone(stage)
+        if not error.temporary:
+            log.error("flow %s: %s", self._runtime.name, error)
+        failed = RequestError(str(error), error.role or stage, UNAVAILABLE if error.temporary else BROKEN)
+        for r in np.unique(self.owners[image_rows]).tolist():
+            if self._results[r] is None:
+                self._results[r] = failed
+                self._timings.reject(failed, self._images_of(r))
 
     def send(self, requests: list[ChildRequest]):
         if not requests:

@@ -115,7 +115,7 @@ def flow(batch: Batch, settings: RaisingSettings) -> Answer:
 
 def _status_models(repo: Path) -> None:
     """Two python classifiers that break their contract (a wrong output shape, a wrong dtype),
-    a flow on each, a flow whose only classifier is never loaded here, a flow that raises,
+    a flow on each, a cascade escalating to the first, a flow whose only classifier is never loaded here, a flow that raises,
     and read_text allowing one region per image."""
     for name, fn in (("broken_shape", "wrong_shape"), ("broken_dtype", "wrong_dtype")):
         folder = repo / name
@@ -133,6 +133,11 @@ def _status_models(repo: Path) -> None:
                                                                   "tta_threshold": "0"}, instances=1)
     _variant(repo, "classify_bls", "classify_bls_unready", {"cascade_classifiers": "none", "classifiers": "resnet50_trt"},
              instances=1)
+    # The cascade whose main classifier (broken_shape) breaks its contract: one instance that
+    # waits 0.3 s for a batch, so concurrent requests share an execute(); the cat photo
+    # escalates to it, the espresso does not.
+    _variant(repo, "classify_bls", "classify_bls_cascade_broken", {"classifiers": "broken_shape", "cascade_threshold": "0.5",
+                                                                    "tta_threshold": "0"}, instances=1, queue_delay_us=300_000)
     _variant(repo, "classify_bls", "raising_flow", {"classifiers": "resnet50_onnx"}, instances=1)
     config = text_format.Parse((repo / "raising_flow" / "config.pbtxt").read_text(), ModelConfig())
     for key in ("cascade_classifiers", "cascade_threshold", "tta_threshold"):  # RaisingSettings has classifiers alone

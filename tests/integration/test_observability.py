@@ -122,7 +122,7 @@ def test_the_others_serve_and_the_broken_childs_flow_answers_500_naming_its_load
     for protocol, status in (("http", "500"), ("grpc", "StatusCode.INTERNAL")):
         error = _infer(kept, protocol, BAD_FLOW, sample_images["mug"])
         assert error is not None and error.status() == status  # broken, not "try again later"
-        assert f"no classifier is ready (tried, in order: {BAD}); {BAD} failed to load: " in error.message()
+        assert f"no classifier is ready for classifiers (its candidates, in order: {BAD} failed to load: " in error.message()
         assert "dim 0 is 1000 against 10" in error.message() or "FP32 [-1, 10]" in error.message()
     # Fixed (a model file that matches), loaded again through the repository API: it answers.
     _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 1000)
@@ -144,7 +144,8 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
         kept.load_model(BAD)
     code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(_get(ready)),
                              what="not ready, naming the failed load")
-    assert f"{BAD_FLOW} its last probe failed: [500] no classifier is ready (tried, in order: {BAD}); {BAD} failed to load" in text
+    assert (f"{BAD_FLOW} its last probe failed: [500] no classifier is ready for classifiers (its candidates, in order: "
+            f"{BAD} failed to load") in text
     assert "classify_bls_broken_shape" in text  # its probe fails too (its child is broken): not ready
     kept.unload_model(BAD)
     assert _get(f"http://{kept.http_url}/v2/health/ready")[0] == 400  # Triton's, after the unload too

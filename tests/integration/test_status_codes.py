@@ -100,6 +100,59 @@ def test_a_child_output_of_the_wrong_shape_is_internal_naming_it(server, protoco
     _eventually(lambda: _rejected(server, "broken_shape", "INTERNAL") - before == 2)
 
 
+def test_a_broken_childs_error_reaches_only_the_requests_that_called_it(server, sample_images):
+    """Two requests in one execute() of the cascade: the cat photo escalates to broken_shape,
+    which answers the wrong shape, the espresso stays with the cheap model. Only the cat's
+    request fails (INTERNAL, naming broken_shape); the espresso's is answered."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+
+    from bls_pipeline.serve.client import ClassifyClient
+
+    model = "classify_bls_cascade_broken"
+    start = threading.Barrier(2)
+
+    def send(image: bytes):
+        client = ClassifyClient(server.grpc_url, "grpc", model=model)
+        try:
+            start.wait()
+            return client.classify([image], topk=1)["ROUTE"][0, 0].decode()
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    for _ in range(5):  # until both land in one execute() (a watchdog probe may come between)
+        before = _executions(server, model)
+        with ThreadPoolExecutor(2) as pool:
+            cat, espresso = pool.map(send, [sample_images["chelsea"], sample_images["coffee"]])
+        if _executions(server, model) - before == 1:
+            break
+    else:
+        pytest.fail("the two requests never shared an execute()")
+    assert isinstance(cat, InferenceServerException) and cat.status() == _status("grpc", BROKEN)
+    assert "broken_shape returned output with shape (1, 10) for a batch of 1" in cat.message()
+    assert espresso == "efficientnet_lite0_onnx:confident"
+
+
+def _executions(server, model: str) -> int:
+    """execute() calls of `model` so far (the statistics API), once they have settled."""
+    import time
+
+    import tritonclient.http as tc
+
+    client = tc.InferenceServerClient(server.http_url)
+    try:
+        counts = [-1]
+        while True:
+            counts.append(int(client.get_inference_statistics(model)["model_stats"][0]["execution_count"]))
+            if counts[-1] == counts[-2]:
+                return counts[-1]
+            time.sleep(0.3)
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_child_output_of_the_wrong_dtype_is_internal_naming_it(server, protocol):
     error = _failure(server, protocol, "classify_bls_broken_dtype", [_jpeg()])
@@ -140,7 +193,7 @@ def test_no_candidate_ready_is_unavailable_naming_the_role(server, protocol):
     before = _rejected(server, "classifiers", "UNAVAILABLE")
     error = _failure(server, protocol, "classify_bls_unready", [_jpeg()])
     assert error.status() == _status(protocol, UNAVAILABLE)
-    assert "no classifier is ready (tried, in order: resnet50_trt)" in error.message()
+    assert "no classifier is ready for classifiers (its candidates, in order: resnet50_trt not READY)" in error.message()
     _eventually(lambda: _rejected(server, "classifiers", "UNAVAILABLE") - before == 1)
 
 

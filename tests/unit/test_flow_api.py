@@ -237,18 +237,61 @@ def test_flip_mirrors_the_width_axis_of_each_layout(repo):
 
 
 # ---- what goes wrong -------------------------------------------------------------------------
-def test_no_model_ready_names_every_candidate_tried(repo):
+def test_a_broken_call_fails_its_requests_and_the_flow_goes_on_for_the_others(repo):
+    """cls_c, called on the second request's images alone (not green), answers with one row
+    too few: that request fails (INTERNAL, naming cls_c); the later call on every row leaves
+    its rows out; the others are answered."""
     flow = write_flow(repo, """
         def flow(batch, s: S) -> Answer:
-            if batch.classify(s.other) is None and batch.classify(s.main) is None:
-                raise NoModelReady
-            return batch.answer().skip(None, "x")
+            first = batch.classify(s.main)
+            second = batch.classify(s.other, rows=first.top1_class != 1)
+            third = batch.classify(s.main, flip=True)
+            return batch.answer().set(first.mean(third), "both").set(second, "second")
     """)
-    rec = Recorder(FUNCTIONS, ready=set())
+    rec = Recorder({**FUNCTIONS, "cls_c": lambda batch: FUNCTIONS["cls_c"](batch)[:-1]})
+    requests = [ImageRequest([GREEN]), ImageRequest([RED, DARK]), ImageRequest([GREEN, GREEN])]
+    results, timings = runtime(flow, rec).run(requests, rec.send)
+    assert rec.rounds == [[("cls_a", 5)], [("cls_c", 2)], [("cls_a", 3)]]  # the third call without the failed rows
+    assert [r.routes[:, 0].tolist() for r in (results[0], results[2])] == [[b"cls_a:both"], [b"cls_a:both"] * 2]
+    failed = results[1]
+    assert (failed.reason, failed.code) == ("cls_c", "INTERNAL")
+    assert failed.message.startswith("classifier cls_c failed: cls_c returned logits with shape (1, 1000) for a batch of 2")
+    assert timings.rejected == {("cls_c", "INTERNAL"): 2}
+
+
+def test_a_failed_call_in_together_leaves_the_other_calls_answered(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            first = batch.request_id == "a"
+            main, other = batch.together(Classify(s.main, rows=first), Classify(s.other, rows=~first))
+            return batch.answer().set(main, "main").set(other, "other")
+    """)
+    rec = Recorder(FUNCTIONS)
+
+    def send(requests):  # cls_c's queue is full
+        return [ChildCallError("Exceeds maximum queue size", busy=True) if r.model == "cls_c" else reply
+                for r, reply in zip(requests, rec.send(requests))]
+
+    results, timings = runtime(flow, rec).run([ImageRequest([RED], id="a"), ImageRequest([GREEN, DARK], id="b")], send)
+    assert results[0].routes[0, 0] == b"cls_a:main"
+    assert (results[1].reason, results[1].code) == ("other", "UNAVAILABLE")  # overloaded: the role, try again
+    assert timings.rejected == {("other", "UNAVAILABLE"): 2}
+
+
+def test_no_model_ready_names_the_role_with_nothing_ready_and_its_candidates_only(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            other = batch.classify(s.other)
+            if batch.classify(s.main) is None:
+                raise NoModelReady
+            return batch.answer().set(other, "x")
+    """)
+    rec = Recorder(FUNCTIONS, ready={"cls_c"})  # `other` answered; none of `main` is READY
     (result,), timings = runtime(flow, rec).run([ImageRequest([RED, GREEN])], rec.send)
-    # The role named is the last one found with nothing READY: the setting `main`.
-    assert result == RequestError("no classifier is ready (tried, in order: cls_c, cls_a, cls_b)", "main", "UNAVAILABLE")
-    assert rec.rounds == [] and timings.rejected == {("main", "UNAVAILABLE"): 2}
+    assert result == RequestError("no classifier is ready for main (its candidates, in order: cls_a not READY, "
+                                  "cls_b not READY)", "main", "UNAVAILABLE")
+    assert "cls_c" not in result.message  # another role's candidate, READY, is none of the reader's business
+    assert rec.rounds == [[("cls_c", 2)]] and timings.rejected == {("main", "UNAVAILABLE"): 2}
 
 
 def _run_with_none_ready(repo, failed_loads: dict[str, str]):
@@ -272,14 +315,15 @@ def test_a_candidate_that_failed_its_load_makes_no_model_ready_internal_naming_t
     """Nothing will answer until someone fixes the model: INTERNAL, not the retry-later code."""
     result, timings = _run_with_none_ready(repo, {"cls_b": "Internal: model.onnx does not match its config\nAt: ...",
                                                   "other": "x"})
-    assert result == RequestError("no classifier is ready (tried, in order: cls_a, cls_b); cls_b failed to load: "
-                                  "Internal: model.onnx does not match its config", "main", "INTERNAL")
+    assert result == RequestError("no classifier is ready for main (its candidates, in order: cls_a not READY, "
+                                  "cls_b failed to load: Internal: model.onnx does not match its config)", "main", "INTERNAL")
     assert timings.rejected_requests == {("main", "INTERNAL"): 1}
 
 
 def test_a_failed_load_of_a_model_the_flow_did_not_try_changes_nothing(repo):
     result, _ = _run_with_none_ready(repo, {"cls_c": "Internal: broken"})
-    assert (result.code, result.message) == ("UNAVAILABLE", "no classifier is ready (tried, in order: cls_a, cls_b)")
+    assert (result.code, result.message) == ("UNAVAILABLE", "no classifier is ready for main (its candidates, in order: "
+                                              "cls_a not READY, cls_b not READY)")
 
 
 def test_a_flow_that_raises_fails_that_execute_only(repo):
@@ -483,6 +527,23 @@ def test_a_model_that_does_not_come_back_fails_after_child_retry_s(repo):
     assert result == RequestError("classifier cls_b could not take the call (Stub process 'cls_b_0_0' is not healthy.), "
                                   "and no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "main", "UNAVAILABLE")
     assert 3.0 <= server.now < 3.2  # bounded by the setting
+    assert timings.rejected == {("main", "UNAVAILABLE"): 1}
+
+
+def test_a_call_whose_model_never_came_back_fails_only_its_own_requests(repo):
+    flow = write_flow(repo, """
+        def flow(batch, s: S) -> Answer:
+            first = batch.request_id == "a"
+            main = batch.classify(s.main, rows=first)
+            other = batch.classify(s.other, rows=~first)
+            return batch.answer().set(main, "main").set(other, "other")
+    """)
+    server = Server(FUNCTIONS)
+    server.dead |= {"cls_a", "cls_b"}
+    results, timings = served(flow, server, child_retry_s=1).run([ImageRequest([RED], id="a"), ImageRequest([GREEN], id="b")],
+                                                                   server.send)
+    assert (results[0].reason, results[0].code) == ("main", "UNAVAILABLE") and "within child_retry_s=1 s" in results[0].message
+    assert results[1].routes[0, 0] == b"cls_c:other"
     assert timings.rejected == {("main", "UNAVAILABLE"): 1}
 
 

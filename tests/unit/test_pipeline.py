@@ -531,3 +531,52 @@ def test_cascade_threshold_zero_never_escalates(make_pipeline):
     (result,), _ = pipe.run([ImageRequest(IMAGES[:3])], clf)
     assert result.routes[:, 0].tolist() == [b"cheap:confident"] * 3
     assert [m for m, _ in clf.calls] == [CHEAP]
+
+
+# ---- a child's failure fails only the requests that needed it -------------------------------
+@pytest.mark.parametrize("breaks,code,reason,says", [
+    (dict(logits=lambda batch: np.zeros((len(batch), 10), np.float32)), "INTERNAL", PRIMARY, "(1, 10)"),  # wrong shape
+    (dict(logits=lambda batch: np.zeros((len(batch), 1000), np.float64)), "INTERNAL", PRIMARY, "as FP64"),  # wrong dtype
+    (dict(errors={PRIMARY: ChildCallError("CUDA error: an illegal memory access")}), "INTERNAL", PRIMARY, "illegal memory"),
+    (dict(errors={PRIMARY: ChildCallError("Exceeds maximum queue size", busy=True)}), "UNAVAILABLE", "classifiers",
+     "Exceeds maximum queue size"),
+])
+def test_a_failed_escalation_fails_only_the_requests_escalated(make_pipeline, breaks, code, reason, says):
+    """Three requests in one execute(); only the second's image is unsure and goes to the main
+    classifier, which fails: the second fails with its error, the others keep the cheap answer."""
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0, 2})
+    clf.logits, clf.errors = breaks.get("logits", clf.logits), breaks.get("errors", {})
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    results, timings = pipe.run([ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2]), ImageRequest(IMAGES[2:3])], clf)
+    assert [m for m, _ in clf.calls] == [CHEAP, PRIMARY] and clf.batch_sizes == [3, 1]
+    assert [r.routes[:, 0].tolist() for r in (results[0], results[2])] == [[b"cheap:confident"]] * 2
+    failed = results[1]
+    assert isinstance(failed, RequestError) and (failed.reason, failed.code) == (reason, code)
+    assert says in failed.message and PRIMARY in failed.message
+    assert timings.rejected == {(reason, code): 1} and timings.routes == {"cheap:confident": 2}
+
+
+def test_a_request_with_rows_on_both_sides_of_a_failed_call_fails_whole(make_pipeline):
+    """A request is answered whole or not at all: one escalated image in a failed call fails it."""
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0, 2})
+    clf.errors = {PRIMARY: ChildCallError("broken")}
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    results, timings = pipe.run([ImageRequest(IMAGES[0:2]), ImageRequest(IMAGES[2:3])], clf)
+    assert (results[0].reason, results[0].code) == (PRIMARY, "INTERNAL")
+    assert results[1].routes[:, 0].tolist() == [b"cheap:confident"]
+    assert timings.rejected == {(PRIMARY, "INTERNAL"): 2}  # both its images
+
+
+def test_a_failed_call_fails_its_skip_cascade_and_escalated_requests_alike(make_pipeline):
+    """A skip_cascade request's image joins the escalated ones in the main classifier's call:
+    when that call fails, both fail; the confident request is answered, and no fallback runs
+    (the call came back, on no rows: nothing is left to degrade)."""
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0})
+    clf.errors = {PRIMARY: ChildCallError("broken")}
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2], parameters={"skip_cascade": True}),
+                ImageRequest(IMAGES[2:3])]
+    results, _ = pipe.run(requests, clf)
+    assert [m for m, _ in clf.calls] == [CHEAP, PRIMARY] and clf.batch_sizes == [2, 2]
+    assert isinstance(results[0], Prediction) and results[0].routes[0, 0] == b"cheap:confident"
+    assert [(r.reason, r.code) for r in results[1:]] == [(PRIMARY, "INTERNAL")] * 2

@@ -263,6 +263,20 @@ def test_a_detector_output_of_the_wrong_shape_fails_that_execute_naming_it(repo)
     assert "detector det returned SCORES with shape (1, 3)" in str(info.value)
 
 
+def test_a_detector_output_of_the_wrong_shape_fails_only_the_requests_it_ran_on(repo):
+    (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace(
+        "found = batch.infer(settings.detector)", 'found = batch.infer(settings.detector, rows=batch.request_id != "no_det")'))
+
+    def flat(batch):
+        return {"BOXES": np.zeros((len(batch), 4, 4), np.float32), "SCORES": np.zeros((len(batch), 3), np.float32),
+                "COUNT": np.zeros((len(batch), 1), np.int32)}
+
+    with local(repo, models={"det": flat}) as flow:
+        failed, answered = flow.run([ImageRequest([picture([])], id="det"), ImageRequest([picture([])], id="no_det")])[0]
+    assert (failed.reason, failed.code) == ("det", "INTERNAL") and "detector det returned SCORES" in failed.message
+    assert answered.routes[0, 0] == b"no_blue"
+
+
 def test_boxes_come_back_in_the_pixels_of_the_image_as_sent_when_decoded_smaller(repo):
     image = picture([("blue", (400, 300, 800, 600))], size=(1200, 900), fmt="JPEG")
     with local(repo) as flow:  # draft_min_side 256: the JPEG is decoded at 1/2 or 1/4 scale
