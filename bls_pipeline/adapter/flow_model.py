@@ -74,6 +74,8 @@ def flow_model(pb_utils: Any) -> type:
             self.records = RecordSink(os.environ.get(EXECUTIONS_ENV))  # bls-serve's, for bls-explain
             # A candidate that failed to load makes a request INTERNAL, not UNAVAILABLE (bls-serve's states).
             self.runtime.failed_loads = model_states.reader(os.environ.get(MODEL_STATES_ENV))
+            # A child loaded again with another config is called as served now (bls-serve's states).
+            self.served = model_states.ServedConfigs(os.environ.get(MODEL_STATES_ENV))
             freeze_startup_objects()
 
         def execute(self, requests):
@@ -82,6 +84,9 @@ def flow_model(pb_utils: Any) -> type:
             # users' requests that were answered, they are answered from that run: this stub and
             # the models it called just worked, and the users' responses, sent together with the
             # probes', would otherwise wait for a run of their own (measured: up to 0.5 s here).
+            served = self.served.changed()
+            if served:
+                self.runtime.follow_children(served)
             times = ExecuteTimes()
             sent = set()  # requests answered at the door, before the others' run
 

@@ -15,6 +15,7 @@ its result on no rows and goes on for the rest.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence, Union
@@ -71,6 +72,7 @@ class Execution(Protocol):
     transport: Send  # the server's (or LocalFlow's) send, untimed: mirrored calls use it
 
     def child(self, name: str, classifier: bool = False) -> ChildModel: ...
+    def lower_batch(self, model: str, limit: int) -> None: ...
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
     def unready(self, role: str, candidates: tuple[str, ...], kind: str) -> None: ...
     def fail_call(self, image_rows: np.ndarray, error: ChildCallError) -> None: ...
@@ -213,6 +215,13 @@ class Calls:
                 if router.still_ready(plan.candidates, plan.tried, plan.model) and router.serving_version(plan.model) == plan.version:
                     plan.tried += (plan.model,)
                 todo.append(plan)
+            elif (limit := _batch_limit(failed, plan.model)) is not None and limit < self._exec.child(plan.model).max_batch_size:
+                # Loaded again with a smaller max_batch_size since (Model Analyzer's search does):
+                # the call goes again, split at the limit the server named.
+                log.warning("%s %s now takes at most %d rows a request (%s); splitting its calls at %d",
+                            plan.kind, plan.model, limit, failed, limit)
+                self._exec.lower_batch(plan.model, limit)
+                todo.append(plan)
             elif router.still_ready(plan.candidates, plan.tried, plan.model):
                 # Its own failure names the model (broken: INTERNAL); an overloaded one, the role.
                 busy = getattr(failed, "busy", False)
@@ -352,6 +361,17 @@ class Calls:
             probs = device.probabilities(values[child.scores_output.name], child.scores)
             return Scores(model, child.labels, batch.size, plan.rows, probs, device, plan.version if model else "")
         return Outputs(model, batch.size, plan.rows, values, device)
+
+
+# Triton's refusal of a request over the model's max_batch_size, as served now.
+_BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+) for '([^']+)'")
+
+
+def _batch_limit(error: Exception, model: str) -> int | None:
+    """The max batch size `model` was refused a call for, per the server's message; None for
+    another error (or a limit under 1: that model takes no batches a flow can send)."""
+    m = _BATCH_LIMIT.search(str(error))
+    return int(m.group(1)) if m and m.group(2) == model and int(m.group(1)) >= 1 else None
 
 
 def _concat(device: Device, parts: list):

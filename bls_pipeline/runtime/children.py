@@ -46,7 +46,7 @@ from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, P
 from .modelconfig import data_type, parse_config, string_parameters
 from .settings import ConfigError, _as_float, _as_int
 
-__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "TensorInfo", "child_model", "load_child", "version_folders"]
+__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "TensorInfo", "child_folder", "child_model", "load_child", "version_folders"]
 
 # In a flow model's folder: copies of the config and labels of the models it calls, for a
 # repository whose model folders Triton copies one by one (S3). bls-publish writes them.
@@ -293,6 +293,12 @@ def load_child(repo: Path, name: str, caller_dir: Path | None = None) -> ChildMo
 
     Triton copies a model's own folder, alone, from a remote repository (S3) to local disk:
     there the siblings are absent, and bls-publish puts the copies in each flow model's folder."""
+    model_dir = child_folder(repo, name, caller_dir)
+    return child_model(name, parse_config(model_dir), model_dir)
+
+
+def child_folder(repo: Path, name: str, caller_dir: Path | None = None) -> Path:
+    """The folder load_child reads `name` from (its config.pbtxt, its label file)."""
     model_dir = Path(repo) / name
     if not (model_dir / "config.pbtxt").is_file() and caller_dir is not None:
         copy = Path(caller_dir) / CHILDREN_DIR / name
@@ -305,7 +311,7 @@ def load_child(repo: Path, name: str, caller_dir: Path | None = None) -> ChildMo
                               f"which copies the config and labels of every model it calls into {CHILDREN_DIR}/")
     if not (model_dir / "config.pbtxt").is_file():
         raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'}: fix the setting that names it, or add the model")
-    return child_model(name, parse_config(model_dir), model_dir)
+    return model_dir
 
 
 def version_folders(model_dir: Path) -> tuple[str, ...]:

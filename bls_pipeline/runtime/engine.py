@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -28,7 +29,7 @@ from .admission import Admission, QueueReading, RequestClock
 from .answer import Answer
 from .batch import Batch
 from .calls import Send
-from .children import ChildModel, TensorInfo, load_child, version_folders
+from .children import ChildModel, TensorInfo, child_folder, child_model, load_child, version_folders
 from .device import Device, device_for
 from .errors import ChildCallError, FlowError, NoModelReady
 from .execution import Execution
@@ -64,18 +65,13 @@ class FlowRuntime:
         # across execute()s (routing.py). versions_of(model): its version folders, newest first
         # (each call then names the newest READY one); None: the version Triton picks.
         self.router = Router(settings, runtime, is_ready, versions_of, clock, sleep)
-        classes = [len(c.labels) for c in children.values() if c.is_classifier]
-        self.max_topk = min(classes) if classes else 1
-        if runtime.default_topk > self.max_topk:
-            raise ConfigError(f"model {name}: default_topk={runtime.default_topk} but its classifiers have {self.max_topk} classes")
-        pixel_specs = [c.preprocess for c in children.values() if c.preprocess is not None]
-        # Decoded once per run, preprocessed for the first pixel model declared; another
-        # model with the same pixels is re-normalised, one with other pixels (size, colour)
-        # is preprocessed from the decoded images, which are kept for that.
-        self.primary_spec: PreprocessSpec | None = pixel_specs[0] if pixel_specs else None
-        # keep_images: the flow cuts regions (the load check saw it call regions()).
-        self.keep_images = keep_images or any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
         self.uses_regions = keep_images  # set by a run that calls regions()
+        self._take_children(children)
+        # Where each child's label file is (FlowRuntime.load sets it), and the configs as served
+        # that follow_children() took: a child loaded again with another config is called as
+        # served now, with no load of the flow.
+        self.child_dirs: dict[str, Path] = {}
+        self._served: dict[str, object] = {}
         # The flow model's outputs (its config.pbtxt), by name: what its answers must fill.
         self.declared: dict[str, TensorInfo] = {o.name: o for o in (outputs or ())}
         # Where a failed request's reader finds what its message leaves out (LocalFlow says its own).
@@ -95,6 +91,58 @@ class FlowRuntime:
         # past queue_delay_target_ms.
         self.admission = Admission(max_batch_size, runtime.queue_delay_target_ms / 1e3, clock, queue=queue_reading)
         self.parameters: type[Parameters] = flow.parameters or Parameters
+
+    def _take_children(self, children: dict[str, ChildModel]) -> None:
+        """Call the children as these configs say; what the runtime derives from them with it."""
+        classes = [len(c.labels) for c in children.values() if c.is_classifier]
+        max_topk = min(classes) if classes else 1
+        if self.runtime.default_topk > max_topk:
+            raise ConfigError(f"model {self.name}: default_topk={self.runtime.default_topk} but its classifiers have {max_topk} classes")
+        pixel_specs = [c.preprocess for c in children.values() if c.preprocess is not None]
+        # Decoded once per run, preprocessed for the first pixel model declared; another
+        # model with the same pixels is re-normalised, one with other pixels (size, colour)
+        # is preprocessed from the decoded images, which are kept for that.
+        self.primary_spec: PreprocessSpec | None = pixel_specs[0] if pixel_specs else None
+        # keep_images: the flow cuts regions (the load check saw it call regions()).
+        self.keep_images = self.uses_regions or any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
+        self.max_topk = max_topk
+        if getattr(self, "children", None) is None:
+            self.children = children
+        else:  # the same dict: an execute() in progress sees the change at its next call
+            self.children.update(children)
+
+    def follow_children(self, served: Mapping[str, object]) -> tuple[str, ...]:
+        """Take the children's configs as served now ({model: ModelConfig}; bls-serve's model
+        states, model_states.ServedConfigs): each child whose served config makes another
+        ChildModel (dims, max_batch_size, labels, preprocessing ...) is called that way from
+        now on. One that makes no ChildModel a flow can call keeps the old one, logged. The
+        children that changed."""
+        changed = {}
+        for model, config in served.items():
+            if model not in self.children or self._served.get(model) == config:
+                continue
+            self._served[model] = config
+            try:
+                child = child_model(model, config, self.child_dirs.get(model))
+            except (ConfigError, OSError) as exc:
+                log.error("flow %s: %s as served now cannot be called (%s); calling it as before", self.name, model, exc)
+                continue
+            if child != self.children[model]:
+                changed[model] = child
+        if changed:
+            try:
+                self._take_children({**self.children, **changed})
+            except ConfigError as exc:
+                log.error("flow %s: %s; calling %s as before", self.name, exc, ", ".join(changed))
+                return ()
+            log.info("flow %s: %s changed as served; calling %s as served now", self.name, ", ".join(changed),
+                     "it" if len(changed) == 1 else "them")
+        return tuple(changed)
+
+    def lower_batch(self, model: str, limit: int) -> None:
+        """A call to `model` was refused for its batch size (it was loaded again with a smaller
+        max_batch_size, which the server said): its calls are split at `limit` from now on."""
+        self._take_children({model: replace(self.children[model], max_batch_size=limit)})
 
     @classmethod
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
@@ -127,8 +175,10 @@ class FlowRuntime:
             uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
-        return cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                   keep_images=uses_regions, max_batch_size=max_batch_size, queue_reading=queue_reading)
+        loaded = cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
+                     keep_images=uses_regions, max_batch_size=max_batch_size, queue_reading=queue_reading)
+        loaded.child_dirs = {m: child_folder(repo, m, Path(model_dir)) for m in children}
+        return loaded
 
     @property
     def shadow(self):

@@ -145,6 +145,10 @@ class Execution:
                             "config.pbtxt; use infer() for its raw outputs")
         return child
 
+    def lower_batch(self, model: str, limit: int) -> None:
+        """`model` takes at most `limit` rows a request now: this call and the next are split so."""
+        self._runtime.lower_batch(model, limit)
+
     def inputs(self, child: ChildModel, rows: np.ndarray):
         """`child`'s input for these rows: the encoded bytes, or pixels preprocessed its way
         (a numpy array, or a tensor on the device)."""

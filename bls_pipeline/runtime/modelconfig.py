@@ -12,7 +12,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-__all__ = ["ConfigFileError", "ModelConfig", "config_variant", "data_type", "parse_config", "string_parameters"]
+__all__ = ["ConfigFileError", "ModelConfig", "config_variant", "data_type", "parse_config", "served_config", "string_parameters"]
 
 
 class ConfigFileError(ValueError):
@@ -56,6 +56,17 @@ def parse_config(model_dir: Path) -> ModelConfig:
         raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def served_config(served: dict) -> ModelConfig:
+    """A config as Triton serves it (its JSON, GET /v2/models/<model>/config) as a ModelConfig;
+    ValueError where it is not one."""
+    from google.protobuf import json_format
+
+    try:
+        return json_format.ParseDict(served, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def string_parameters(config: ModelConfig) -> dict[str, str]:

@@ -40,6 +40,7 @@ from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
 from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
+from .followers import FlowRetries
 from .states import ModelStates
 from .queue_monitor import QueueMonitor
 from .status import StatusServer
@@ -276,8 +277,11 @@ class TritonServer:
         # The flows read the model states (a failed load: INTERNAL), kept current by the watchdog's
         # rounds and the status port's; a wanted model whose config.pbtxt does not read is one.
         broken, root = tuple(plan.broken), self.repository.root
+        callees = self.repository.callees
         self.states = ModelStates(self.admin, self._workdir / "model-states.json",
-                                  unreadable=lambda: repository.config_problems(root, broken))
+                                  unreadable=lambda: repository.config_problems(root, broken),
+                                  followed=lambda: sorted({c for calls in callees.values() for c in calls}))
+        self._flow_retries = FlowRetries(callees)  # a flow that failed for a child: loaded again once it changes
         env = {**binary.env, RESTARTS_ENV: str(self.restarts), STANDBY_ENV: ",".join(plan.standby),
                MODEL_STATES_ENV: str(self.states.path)}
         traces = self._tracing()
@@ -382,8 +386,22 @@ class TritonServer:
         probe waits while its flow retries a dead child, so the child is found and reloaded
         first), then any loaded later through the repository API."""
         self.states.refresh()
+        self._load_flows_again()
         order = [m for stage in reversed(repository.drain_stages(self.repository, self.loaded)) for m in stage]
         return self.states.python_models(order)
+
+    def _load_flows_again(self) -> None:
+        """Load again each flow that failed its load, once one of its children changed since
+        (followers.py): a fixed child brings back the flow that failed for it."""
+        for flow, ready in self._flow_retries.due(self.states.states).items():
+            log.info("loading %s again: %s changed since its load failed", flow, ", ".join(ready))
+            try:
+                self.load_model(flow)
+            except AdminError as exc:
+                log.warning("%s still fails its load: %s", flow, _first_line(str(exc)))
+                continue
+            log.info("%s loaded: it follows its children again", flow)
+            self.states.refresh()
 
     def wait_ready(self, models: tuple[str, ...], timeout_s: float) -> dict[str, str]:
         """Wait until every one of `models` is READY, or (fail_fast off) failed its load; the

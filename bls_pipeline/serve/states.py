@@ -7,6 +7,12 @@ still to come (runtime/model_states.py). A model bls-serve was to load whose con
 does not read (Triton's index gives it no state: it only logs "failed to poll") shows as a
 failed load, UNAVAILABLE with the file and the reason, until Triton's index gives it a state
 or its file reads again.
+
+For the models a flow calls (`followed`), each READY one's entry also holds its config as
+served ("config", Triton's JSON), asked anew at every refresh: a model loaded again with
+another config (a fixed file, or a config sent with the load, as Model Analyzer does) stays
+READY throughout, and only its config says what changed. The flows take it from the file
+(FlowRuntime.follow_children) and call the child as it is served now.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from google.protobuf import json_format
 
@@ -36,12 +42,13 @@ class ModelStates:
     loads where Triton's index has no state for them."""
 
     def __init__(self, admin: RepositoryAdmin, path: Path | None = None,
-                 unreadable: Callable[[], dict[str, str]] = dict):
+                 unreadable: Callable[[], dict[str, str]] = dict, followed: Callable[[], Iterable[str]] = tuple):
         self._admin = admin
         self.path = path
         self._unreadable = unreadable
+        self._followed = followed
         self._lock = threading.Lock()
-        self.states: dict[str, dict[str, str]] = {}  # model -> {"state", "reason"}
+        self.states: dict[str, dict] = {}  # model -> {"state", "reason"[, "config": as served]}
         self._configs: dict[str, ModelConfig] = {}  # READY model -> its config as served
         self._written = None
 
@@ -57,10 +64,24 @@ class ModelStates:
                 states[entry["name"]] = {"state": entry["state"], "reason": entry.get("reason", "")}
         for model, why in self._unreadable().items():
             states.setdefault(model, {"state": "UNAVAILABLE", "reason": why})
+        served = {}
+        for model in self._followed():
+            if states.get(model, {}).get("state") == "READY":
+                try:
+                    served[model] = self._admin.config(model)
+                except AdminError as exc:  # unloaded meanwhile: the next refresh says so
+                    log.debug("config of %s as served not read: %s", model, exc)
+        for model, config in served.items():
+            states[model] = {**states[model], "config": config}
         with self._lock:  # the watchdog's rounds and the status port's refresh: one at a time
             self.states = states
-            for gone in [m for m in self._configs if states.get(m, {}).get("state") != "READY"]:
+            for gone in [m for m in self._configs if states.get(m, {}).get("state") != "READY" or m in served]:
                 del self._configs[gone]  # its config is read again when it is READY again
+            for model, config in served.items():
+                try:
+                    self._configs[model] = _config(config)
+                except (json_format.ParseError, ValueError):
+                    pass  # python_models() asks again, and says why
             self._write(states)
         return states
 
