@@ -36,7 +36,7 @@ from ..adapter.queue_waits import WAIT_PREFIX
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.loader import is_flow_model
 from ..runtime.settings import RELOAD_KEY
-from . import repository, s3
+from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
 from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
@@ -118,6 +118,9 @@ class StopReport:
     # Dead python stubs (their instance, or "pid N" if never seen alive) whose model copy
     # could not unload after the drain: tritonserver was killed for them (_stuck_copies).
     stuck: tuple[str, ...] = ()
+    # Models Triton kept from unloading with nothing in flight (TritonServer._drain): the drain
+    # went on without them, and tritonserver was killed for them after it.
+    held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ class TritonServer:
         self.restarts = 0  # starts after the first (restart()): RESTARTS_ENV of the running tritonserver
         self._started_at: float | None = None  # time.monotonic() when the running one was serving
         self._cancel: threading.Event | None = None
+        self._held: tuple[str, ...] = ()  # the last drain's models held with nothing in flight
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -514,19 +518,31 @@ class TritonServer:
         self.load_model(model)
 
     def _drain(self, timeout_s: float) -> bool:
-        """Unload callers, then the models they call; True once none is READY or UNLOADING.
+        """Unload callers, then the models they call; True once none is READY or UNLOADING,
+        those held with nothing in flight (self._held) apart.
 
         A stage's models are done with their calls once Triton begins to destroy them, which
         it does only when no request holds them any more. On 2.51 a python instance takes a
         little over a second to destroy (the backend's health check sleeps 1 s), one
         instance after another. The first of a model's stubs to exit shows that the
-        destruction began, so the next stage starts then (see _done_with_requests)."""
+        destruction began, so the next stage starts then (see _done_with_requests).
+
+        A model that Triton 2.51 keeps from its destruction with no request in flight (after
+        a gRPC spike, docs/reliability.md) would hold the drain until the timeout. Once
+        Triton has reported nothing in flight for in_flight.QUIET_S (nothing pending, nothing
+        answered, every stub idle: in_flight.py), the models still unloading are held by no
+        request: the drain goes on without them, and stop() kills tritonserver after it."""
         deadline = time.monotonic() + timeout_s
         before = stubs(self.pid).live
+        self._held = ()
         for stage in repository.drain_stages(self.repository, self.loaded):
             for model in stage:
                 self.unload_model(model)
+            watch = in_flight.QuietWatch(self._snapshot)  # quiet since this stage's unload, no sooner
             while not self._done_with_requests(stage, before):
+                if watch.held(time.monotonic()):
+                    self._hold(stage, watch)
+                    break
                 if time.monotonic() > deadline:
                     states = self.admin.states()
                     busy = {m: states.get(m, "gone") for m in stage if states.get(m) in ("READY", "UNLOADING")}
@@ -534,16 +550,43 @@ class TritonServer:
                                 ", ".join(f"{m} {state}" for m, state in busy.items()) or "none left")
                     return False
                 time.sleep(0.05)
+        if self._held:  # every other model is being destroyed, done with its requests: stop() kills tritonserver now
+            return True
+        watch = in_flight.QuietWatch(self._snapshot)
         while True:
             left = {name: state for name, state in self.admin.states().items()
                     if name in self.loaded and state in ("READY", "UNLOADING")}
             if not left:
+                return True
+            if watch.held(time.monotonic()):
+                self._hold(tuple(left), watch)
                 return True
             if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
                 log.warning("models still unloading after %ss of draining: stopping anyway (%s)", timeout_s,
                             ", ".join(f"{m} {state}" for m, state in sorted(left.items())))
                 return False
             time.sleep(0.05)
+
+    def _snapshot(self) -> in_flight.Snapshot:
+        return in_flight.read_snapshot(time.monotonic(), self.http_url, self.metrics_url if self._metrics_on() else None,
+                                       stubs(self.pid).live)
+
+    def _metrics_on(self) -> bool:
+        return "metrics" in _endpoints(self._proc.args if self._proc is not None else [])
+
+    def _hold(self, models: tuple[str, ...], watch: in_flight.QuietWatch) -> None:
+        """Record and say which of `models` Triton keeps from unloading with nothing in flight."""
+        states = self.admin.states()
+        held = tuple(m for m in models if states.get(m) in ("READY", "UNLOADING") and m not in self._held)
+        if not held:
+            return
+        self._held += held
+        log.warning("%s still unloading with nothing in flight: for %.1f s since its unload Triton reported no "
+                    "request pending (%s 0) and none answered, and every python stub was idle; Triton 2.51 can "
+                    "keep a model so after a spike of cancelled gRPC calls, and wait out its exit timeout (%ss, "
+                    "then exit code 1): not waiting for it, tritonserver is killed once the rest is drained",
+                    ", ".join(held), watch.last.at - watch.first.at, in_flight.PENDING_GAUGE,
+                    self.options.exit_timeout_s)
 
     def _done_with_requests(self, stage: tuple[str, ...], before: dict[int, str]) -> bool:
         """Every model of `stage` unloaded, or being destroyed: one of the stubs it had
@@ -588,12 +631,21 @@ class TritonServer:
                 drained = self._drain(self.options.exit_timeout_s)
             except Exception as exc:  # noqa: BLE001 - the SIGTERM below still stops it
                 log.warning("draining before stop failed (%s); stopping anyway", exc)
+        # Its kept-alive connection would hold tritonserver's exit (Triton waits out its exit
+        # timeout for open HTTP connections); after the drain no flow reads its readings.
+        monitor, self.queue_monitor = self.queue_monitor, None
+        if monitor is not None:  # and the queue readings it wrote for the flows (adapter/queue_waits.py)
+            monitor.stop()
         proc, self._proc = self._proc, None
         code = None
+        held = self._held if drained else ()
         if proc is not None:
             if proc.poll() is None:
                 stuck = self._stuck_copies(proc.pid, watchdog) if drained else ()
-                if not stuck:
+                if held and not stuck:
+                    log.warning("killing tritonserver after the drain, not waiting out its exit timeout (%ss) for %s",
+                                self.options.exit_timeout_s, ", ".join(held))
+                if not (stuck or held):
                     proc.send_signal(signal.SIGTERM)
                     try:
                         proc.wait(timeout=self.options.exit_timeout_s + 5)
@@ -605,15 +657,12 @@ class TritonServer:
                 left = reap_group(proc.pid, timeout_s=5.0)
                 if left:
                     log.warning("processes of tritonserver's group still there 5 s after it was killed: %s", left)
-        self.last_stop = StopReport(code, drained, stuck)
+        self.last_stop = StopReport(code, drained, stuck, held)
         status, self.status = self.status, None
         if status is not None:
             status.stop()
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
-        monitor, self.queue_monitor = self.queue_monitor, None
-        if monitor is not None:  # and the queue readings it wrote for the flows (adapter/queue_waits.py)
-            monitor.stop()
         if proc is not None:  # any a killed bls-serve left
             for leftover in Path("/dev/shm").glob(f"{WAIT_PREFIX}{proc.pid}_*"):
                 leftover.unlink(missing_ok=True)
@@ -973,6 +1022,10 @@ def main(argv: list[str] | None = None) -> int:
         return outcome
     if not was_serving:  # it had died and was not started again yet: nothing was in flight
         log.info("stopped while tritonserver was down")
+        return 0
+    if report.held:
+        log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
+                    "for %s, which Triton kept from unloading with nothing in flight", code, ", ".join(report.held))
         return 0
     if report.stuck:
         log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "

@@ -109,10 +109,10 @@ def test_the_overload_mode_measures_a_spike_and_the_stop_after_it(model_repo, re
     stop = report["meta"]["stop"]
     print(f"\noverload: {result['clients']} clients, goodput {result['goodput_ratio']:.2f}x, {result['refused']} refused; "
           f"stop {stop['seconds']} s, drained {stop['drained']}")
-    # Exit 0 after a full drain; or Triton 2.51 held a model with nothing in flight after the
-    # spike's cancelled gRPC calls, and exited 1 at its exit timeout (docs/reliability.md,
-    # "Stopping bls-serve"): the report says which.
-    assert (stop["exit_code"], stop["drained"]) in ((0, True), (1, False)), stop
+    # Always a full drain: tritonserver exits 0, or Triton 2.51 kept a model from unloading with
+    # nothing in flight after the spike's cancelled gRPC calls, and it was killed after the
+    # drain (docs/reliability.md, "Stopping bls-serve"): the report says which.
+    assert (stop["exit_code"], stop["drained"]) in ((0, True), (-9, True)), stop
     table = (out / "overload.md").read_text()
     assert "| classify_bls_default | grpc |" in table
     assert f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code {stop['exit_code']}" in table

@@ -293,7 +293,10 @@ def test_the_server_stops_cleanly_after_cancellations(goodput_server):
     code = goodput_server.stop()
     took = time.monotonic() - start
     print(f"stop after cancellations: {took:.1f} s, exit {code}")
-    assert code == 0 and goodput_server.last_stop.drained, goodput_server.last_stop
+    # Drained; tritonserver exited 0, or was killed after the drain for a model Triton 2.51
+    # kept from unloading with nothing in flight (docs/reliability.md, "Stopping bls-serve").
+    report = goodput_server.last_stop
+    assert report.drained and (code == 0 or (report.held and code == -9)), report
     # Each instance's line of what it refused and what its clients cancelled: one a minute while
     # they happen, the rest of the minute at the stop (this module takes less than one).
     log = Path(goodput_server.options.log_file).read_text(errors="replace")
