@@ -51,7 +51,7 @@ def flow_model(pb_utils: Any) -> type:
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=declared_outputs(args), max_batch_size=_max_batch_size(args),
+                                            outputs=declared_outputs(args), batch_cap=_batch_cap(args),
                                             queue_reading=self.queue_waits.read)
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
@@ -157,10 +157,13 @@ def flow_model(pb_utils: Any) -> type:
     return TritonPythonModel
 
 
-def _max_batch_size(args: dict) -> int:
-    """The most requests Triton hands one execute(): one that came this full found a queue at
-    least that long (runtime/admission.py)."""
-    return int(json.loads(args["model_config"]).get("max_batch_size", 0) or 0)
+def _batch_cap(args: dict) -> int:
+    """The most images Triton's batcher hands one execute() from a queue of requests: the
+    largest preferred_batch_size, else max_batch_size. An execute() that came with that many
+    requests found a queue at least that long (runtime/admission.py)."""
+    config = json.loads(args["model_config"])
+    preferred = (config.get("dynamic_batching") or {}).get("preferred_batch_size") or ()
+    return int(max(preferred, default=0) or config.get("max_batch_size", 0) or 0)
 
 
 def _read(pb_utils: Any, request: Any, parameters: dict) -> ImageRequest:

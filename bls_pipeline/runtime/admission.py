@@ -28,7 +28,8 @@ as CoDel does for packets: an instance starts shedding only on a standing queue,
 both
 
 - Triton measured every window's mean wait over the last interval above the target, and
-- the execute() came full (max_batch_size requests: the queue held at least that many),
+- the execute() came full (as many requests as Triton's batcher hands one: its largest
+  preferred_batch_size, else max_batch_size; the queue held at least that many),
 
 never on one slow request or one slow execute(). While it sheds, an execute() answers only
 the newest of its requests that it can finish within the target, counting the wait Triton
@@ -190,9 +191,9 @@ class Admission:
     """One flow instance's door: what Triton measured of its queue, what an image costs it,
     and whether it is shedding (a standing queue past the queue-delay target)."""
 
-    def __init__(self, max_batch_size: int | None, target_s: float, clock: Callable[[], float],
+    def __init__(self, batch_cap: int | None, target_s: float, clock: Callable[[], float],
                  queue: Callable[[], QueueReading | None] | None = None):
-        self.max_batch_size = max_batch_size  # None: no queue in front (LocalFlow)
+        self.batch_cap = batch_cap  # the most requests an execute() takes from the queue; None: no queue (LocalFlow)
         self.target_s = target_s
         self.clock = clock
         self.queue = queue or (lambda: None)  # Triton's measurement of the queue; None: not measured
@@ -207,12 +208,12 @@ class Admission:
         queue (None: none measured, or too old to say anything of the queue now)."""
         now = self.clock()
         self._started = now
-        reading = self.queue() if self.max_batch_size is not None else None
+        reading = self.queue() if self.batch_cap is not None else None
         if reading is not None and not reading.fresh(now):
             reading = None
         wait = reading.wait_s if reading is not None else 0.0
         return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
-                                  queued=self.max_batch_size is not None), reading
+                                  queued=self.batch_cap is not None), reading
 
     def _late_cancel(self, left_s: float) -> None:
         """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC
@@ -225,9 +226,9 @@ class Admission:
     def standing(self, reading: QueueReading | None, requests: int) -> bool:
         """A standing queue (CoDel): Triton measured every window's mean wait over the last
         interval above the target, and this execute() came full. Unknown: not standing."""
-        if self.target_s <= 0 or reading is None or not self.max_batch_size:
+        if self.target_s <= 0 or reading is None or not self.batch_cap:
             return False
-        return reading.standing_s > self.target_s and requests >= self.max_batch_size
+        return reading.standing_s > self.target_s and requests >= self.batch_cap
 
     def admit(self, clock: RequestClock, results: list, timings: Timings, reading: QueueReading | None) -> None:
         """At the door, before decoding: drop the gone and the expired, refuse what cannot
@@ -236,7 +237,7 @@ class Admission:
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
         drop(clock, results, timings, "admission", now, images,
              predicted=lambda n: self.costs.predict("execute", n))
-        full = self.max_batch_size and len(clock.requests) >= self.max_batch_size
+        full = self.batch_cap and len(clock.requests) >= self.batch_cap
         if reading is None or not full:
             self.shedding = False  # unmeasured, or the queue drained: nothing to shed on
         elif not self.shedding:
@@ -256,7 +257,7 @@ class Admission:
                   f"overloaded: this flow's queue stands: requests waited {stood.standing_s * 1e3:.0f} ms or more on "
                   f"average for {stood.interval_s:g} s (Triton's statistics), over its queue_delay_target_ms="
                   f"{self.target_s * 1e3:g}, and execute()s come full ({len(clock.requests)} requests taken at once, "
-                  f"max_batch_size {self.max_batch_size}); with the latest wait, {reading.wait_s * 1e3:.0f} ms, this "
+                  f"the most Triton hands one); with the latest wait, {reading.wait_s * 1e3:.0f} ms, this "
                   f"execute() answers the {taken} newest it can finish within the target: refused at once, try again later")
 
     def close(self, images: int) -> None:

@@ -55,7 +55,7 @@ class FlowRuntime:
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False,
-                 max_batch_size: int | None = None, queue_reading: Callable[[], QueueReading | None] | None = None):
+                 batch_cap: int | None = None, queue_reading: Callable[[], QueueReading | None] | None = None):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -86,10 +86,10 @@ class FlowRuntime:
         # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
         self.device: Device = device_for(device, self.pool)
         self.clock = clock
-        # The door (admission.py): what Triton measured of the queue (max_batch_size None: no
+        # The door (admission.py): what Triton measured of the queue (batch_cap None: no
         # queue in front, as in LocalFlow), what an image costs, shedding on a standing queue
         # past queue_delay_target_ms.
-        self.admission = Admission(max_batch_size, runtime.queue_delay_target_ms / 1e3, clock, queue=queue_reading)
+        self.admission = Admission(batch_cap, runtime.queue_delay_target_ms / 1e3, clock, queue=queue_reading)
         self.parameters: type[Parameters] = flow.parameters or Parameters
 
     def _take_children(self, children: dict[str, ChildModel]) -> None:
@@ -148,7 +148,7 @@ class FlowRuntime:
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
              pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None,
-             max_batch_size: int | None = None,
+             batch_cap: int | None = None,
              queue_reading: Callable[[], QueueReading | None] | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
@@ -157,7 +157,7 @@ class FlowRuntime:
         child's newest READY version by number (is_ready(model, version)), from the version
         folders beside it; a child whose folder is not there (a repository on S3, where
         Triton copies each model's folder alone) is called unpinned. outputs: the flow
-        model's outputs as served (default: its config.pbtxt's). max_batch_size: the most
+        model's outputs as served (default: its config.pbtxt's). batch_cap: the most
         requests Triton hands one execute() from the queue it keeps in front of the flow (None:
         no queue, as in LocalFlow); queue_reading: Triton's latest measurement of that queue
         (admission.QueueReading; None, or a reading of None: unmeasured)."""
@@ -176,7 +176,7 @@ class FlowRuntime:
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
         loaded = cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                     keep_images=uses_regions, max_batch_size=max_batch_size, queue_reading=queue_reading)
+                     keep_images=uses_regions, batch_cap=batch_cap, queue_reading=queue_reading)
         loaded.child_dirs = {m: child_folder(repo, m, Path(model_dir)) for m in children}
         return loaded
 

@@ -57,6 +57,9 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # trace and log settings) and reading a model's full config (instances, queue limits, file
 # names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
 # Model Analyzer read the config, so they take the key (-H).
+# After a drain that found a model held with nothing in flight (in_flight.py), how long
+# tritonserver gets after its SIGTERM to exit by itself before it is killed.
+HELD_GRACE_S = 2.0
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
@@ -642,15 +645,19 @@ class TritonServer:
         if proc is not None:
             if proc.poll() is None:
                 stuck = self._stuck_copies(proc.pid, watchdog) if drained else ()
-                if held and not stuck:
-                    log.warning("killing tritonserver after the drain, not waiting out its exit timeout (%ss) for %s",
-                                self.options.exit_timeout_s, ", ".join(held))
-                if not (stuck or held):
+                if not stuck:
                     proc.send_signal(signal.SIGTERM)
                     try:
-                        proc.wait(timeout=self.options.exit_timeout_s + 5)
+                        # A held model: a short grace, not Triton's exit timeout. A model that was only
+                        # slow to finish unloading (its finalize() still running) exits in it, cleanly.
+                        proc.wait(timeout=HELD_GRACE_S if held else self.options.exit_timeout_s + 5)
+                        held = ()
                     except subprocess.TimeoutExpired:
-                        self._report_hang(proc.pid, drained)
+                        if held:
+                            log.warning("killing tritonserver %.0f s after its SIGTERM, not waiting out its exit timeout "
+                                        "(%ss) for %s", HELD_GRACE_S, self.options.exit_timeout_s, ", ".join(held))
+                        else:
+                            self._report_hang(proc.pid, drained)
             _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
             code = proc.wait(timeout=10)
             if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them

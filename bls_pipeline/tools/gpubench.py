@@ -59,7 +59,6 @@ FLOW_SETTINGS = {"cascade_classifiers": "none", "tta_threshold": "0", "classifie
 # GPU), which in fp32 on a CPU takes seconds; the flows chunk their calls at this size.
 DRY_RUN_MAX_BATCH = 8
 BENCH_QUEUE = 4096
-GPU_FLOW_MAX_BATCH = 64  # what an execute() of the flow takes on a GPU: what every GPU run measured
 RESULTS, SUMMARY = "results.json", "summary.md"
 
 
@@ -485,8 +484,9 @@ def _variant(model_dir: Path, name: str, params: dict[str, str], kind: str, coun
         # A throughput sweep, not an overload test: the shipped queue bound (64) refuses most
         # of a 512-client point's requests; queued ones are measured instead.
         config.dynamic_batching.default_queue_policy.max_queue_size = BENCH_QUEUE
-        if max_batch_size is None:  # the GPU's (docs/gpu.md); the shipped config's 16 is the CPU's
-            config.max_batch_size = GPU_FLOW_MAX_BATCH
+        # An execute() as every GPU run measured it (docs/gpu.md): up to 64 images from the queue,
+        # not the shipped CPU's batches of 8.
+        config.dynamic_batching.ClearField("preferred_batch_size")
     for group in config.instance_group:
         group.kind = group.KIND_GPU if kind == "KIND_GPU" else group.KIND_CPU
         if count is not None:

@@ -95,12 +95,14 @@ def test_the_overload_mode_measures_a_spike_and_the_stop_after_it(model_repo, re
     images.mkdir()
     shutil.copy(repo_root / "samples" / "mug.jpg", images)
     out = tmp_path / "overload"
-    assert bench.main(["--overload", "--targets", "classify_bls_default", "--protocols", "grpc", "--capacity-duration", "2",
+    assert bench.main(["--overload", "--targets", "classify_bls_default", "--protocols", "grpc", "--clients", "deadline",
+                       "--capacity-duration", "2",
                        "--spike", "4", "--recovery", "2", "--warmup", "0.5", "--model-repository", str(model_repo),
                        "--images", str(images), "--out", str(out)]) == 0
     report = json.loads((out / "overload.json").read_text())
     (result,) = report["results"]
     assert (result["target"], result["protocol"], result["errors"]) == ("classify_bls_default", "grpc", 0), result["error_samples"]
+    assert result["timeout_parameter"] is False and 0 <= result["refused_by_queue"] <= result["refused"]
     assert result["capacity_images_per_s"] > 0 and result["clients"] >= 2
     assert result["clients"] == pytest.approx(4 * result["capacity_images_per_s"] * 0.5, abs=1)
     assert result["finished"] > 0 and 0 <= result["finished_for_gone"] <= result["finished"]

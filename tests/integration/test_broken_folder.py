@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -86,11 +87,20 @@ def _classify(http_port: int, image: bytes) -> np.ndarray:
         client.close()
 
 
-def test_the_rest_serve_the_file_is_named_in_one_line_and_no_temporary_folder_is_left(repo, tmp_path, sample_images):
+@pytest.fixture
+def temp():
+    """bls-serve's TMPDIR, short: its status socket lives in its bls-triton-* folder there, and a
+    UNIX socket's path has at most 107 bytes (pytest-xdist's tmp_path is too long for it)."""
+    folder = Path(tempfile.mkdtemp(prefix="bls-bf-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_rest_serve_the_file_is_named_in_one_line_and_no_temporary_folder_is_left(repo, temp, sample_images):
     path = repo / BROKEN / "config.pbtxt"
     why = f"{path}:3:20: 'max_batch_size: 64 {{': Expected identifier or number, got {{."
     ports = [free_port() for _ in range(4)]
-    proc = _bls_serve(repo, tmp_path / "tmp", ports, "--models", f"classify_bls,{BROKEN}", "--ready-for", "classify_bls")
+    proc = _bls_serve(repo, temp, ports, "--models", f"classify_bls,{BROKEN}", "--ready-for", "classify_bls")
     try:
         text = _until_serving(proc)
         assert "Traceback" not in text, text
@@ -107,12 +117,12 @@ def test_the_rest_serve_the_file_is_named_in_one_line_and_no_temporary_folder_is
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert not [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("bls-triton-")]
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("bls-triton-")]
 
 
-def test_with_fail_fast_it_exits_2_naming_the_file_in_one_line_and_leaves_nothing(repo, tmp_path):
+def test_with_fail_fast_it_exits_2_naming_the_file_in_one_line_and_leaves_nothing(repo, temp):
     path = repo / BROKEN / "config.pbtxt"
-    proc = _bls_serve(repo, tmp_path / "tmp", [free_port() for _ in range(4)], "--fail-fast")
+    proc = _bls_serve(repo, temp, [free_port() for _ in range(4)], "--fail-fast")
     try:
         text = proc.communicate(timeout=120)[0]
     finally:
@@ -122,4 +132,4 @@ def test_with_fail_fast_it_exits_2_naming_the_file_in_one_line_and_leaves_nothin
     assert "Traceback" not in text
     (error,) = [ln for ln in text.splitlines() if ln.startswith("bls-serve: error:")]
     assert f"{path}:3:20: 'max_batch_size: 64 {{': Expected identifier or number, got {{." in error
-    assert not [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("bls-triton-")]
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("bls-triton-")]

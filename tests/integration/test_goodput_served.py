@@ -98,6 +98,7 @@ def goodput_server(model_repo, tmp_path_factory, server_factory):
         "queue_delay_target_ms": "100"}), ModelConfig())
     config.instance_group[0].count = 1
     config.max_batch_size = 4
+    config.dynamic_batching.ClearField("preferred_batch_size")
     (repo / SHEDDING / "config.pbtxt").write_text(text_format.MessageToString(config))
     # A flow with a number among its request parameters (classify_bls has a bool only).
     shutil.copytree(model_repo / "classify_bls", repo / NUMBERS)

@@ -71,7 +71,7 @@ def _flow(repo: Path, shipped: Path, name: str, max_queue_size: int | None = Non
 
 @pytest.fixture(scope="module")
 def watched(repo_root, tmp_path_factory):
-    """A server with its status port (the shipped queue on FLOW, room for 2 on SMALL_QUEUE),
+    """A server with its status port (room for 64 in FLOW's queue, 2 on SMALL_QUEUE),
     and a Prometheus scraping both endpoints every second with the shipped rules."""
     tmp = tmp_path_factory.mktemp("outcomes")
     shipped, repo = repo_root / "models", tmp / "models"
@@ -85,7 +85,9 @@ def watched(repo_root, tmp_path_factory):
         'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" } ]\n'
         'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
         'parameters { key: "function", value: { string_value: "children.py:slow" } }\n')
-    _flow(repo, shipped, FLOW)
+    # Room for what six impatient clients leave in FLOW's queue: Triton drops a cancelled request
+    # only when the instance takes its next batch (a call here takes 1 s), and counts it till then.
+    _flow(repo, shipped, FLOW, max_queue_size=64)
     _flow(repo, shipped, SMALL_QUEUE, max_queue_size=2)
     server = TritonServer(ServerOptions.on_free_ports(repo, tmp / "tritonserver.log", models=(FLOW, SMALL_QUEUE),
                                                       status_port=free_port()))

@@ -314,7 +314,7 @@ class FakeClock:
 def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_queue_drains():
     clock = FakeClock()
     measured = {"now": None}
-    door = Admission(max_batch_size=16, target_s=0.2, clock=clock, queue=lambda: measured["now"])
+    door = Admission(batch_cap=16, target_s=0.2, clock=clock, queue=lambda: measured["now"])
     door.costs.observe("execute", 0.1, 10)  # 10 ms an image
     requests = [ImageRequest([photo()]) for _ in range(16)]
 
@@ -339,7 +339,7 @@ def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_
     assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
     message = results[0].message
     assert "waited 500 ms or more on average for 0.5 s" in message and "queue_delay_target_ms=200" in message, message
-    assert "16 requests taken at once, max_batch_size 16" in message and "latest wait, 500 ms" in message
+    assert "16 requests taken at once, the most Triton hands one" in message and "latest wait, 500 ms" in message
     assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
     measured["now"] = reading(clock.now, 0.12, standing_s=0.12)  # the refusals shortened the queue: 80 ms left
     results, _ = execute(16)
@@ -352,7 +352,7 @@ def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_
 
 def test_no_target_no_shedding():
     clock = FakeClock()
-    door = Admission(max_batch_size=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 5.0))
+    door = Admission(batch_cap=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 5.0))
     door.costs.observe("execute", 0.1, 10)
     req_clock, got = door.open([ImageRequest([photo()])] * 16)
     results = [None] * 16
@@ -362,17 +362,17 @@ def test_no_target_no_shedding():
 
 def test_a_deadline_counts_from_arrival_as_triton_measured_the_wait():
     clock = FakeClock()
-    door = Admission(max_batch_size=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 0.3))
+    door = Admission(batch_cap=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 0.3))
     req_clock, _ = door.open([ImageRequest([photo()], timeout_s=1.0)])
     assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.3 - 0.01)  # less the wait and the way back
-    unmeasured = Admission(max_batch_size=16, target_s=0.0, clock=clock)
+    unmeasured = Admission(batch_cap=16, target_s=0.0, clock=clock)
     req_clock, _ = unmeasured.open([ImageRequest([photo()], timeout_s=1.0)])
     assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01)  # no wait known: none counted
 
 
 def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
     clock = FakeClock()
-    door = Admission(max_batch_size=None, target_s=0.0, clock=clock)
+    door = Admission(batch_cap=None, target_s=0.0, clock=clock)
     from bls_pipeline.runtime.admission import drop
     from bls_pipeline.runtime.results import Timings
 
