@@ -59,7 +59,7 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # Model Analyzer read the config, so they take the key (-H).
 # After a drain that found a model held with nothing in flight (in_flight.py), how long
 # tritonserver gets after its SIGTERM to exit by itself before it is killed.
-HELD_GRACE_S = 2.0
+HELD_GRACE_S = 1.0
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 SHM_PREFIX = "triton_python_backend_shm_region_"
 

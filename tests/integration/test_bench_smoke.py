@@ -116,5 +116,5 @@ def test_the_overload_mode_measures_a_spike_and_the_stop_after_it(model_repo, re
     # drain (docs/reliability.md, "Stopping bls-serve"): the report says which.
     assert (stop["exit_code"], stop["drained"]) in ((0, True), (-9, True)), stop
     table = (out / "overload.md").read_text()
-    assert "| classify_bls_default | grpc |" in table
+    assert "| classify_bls_default | grpc, deadline only |" in table
     assert f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code {stop['exit_code']}" in table
