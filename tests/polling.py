@@ -1,9 +1,11 @@
 """Waiting for what a server shows a little later than the answer that caused it: a metric
-flushed, a state reached, an alert firing."""
+flushed, a state reached, an alert firing; and reading a status endpoint for it."""
 
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -19,3 +21,12 @@ def eventually(check: Callable[[], T], what: str = "the condition", timeout_s: f
             return value
         assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
         time.sleep(every_s)
+
+
+def get(url: str) -> tuple[int, str]:
+    """An HTTP GET's status and body, an error status included (bls-serve's /ready answers 503)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -15,12 +15,10 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,8 @@ import pytest
 
 from bls_pipeline.serve.client import tritonclient_module
 from bls_pipeline.serve.server import free_port
+
+from polling import get
 
 pytestmark = pytest.mark.integration
 
@@ -68,14 +68,6 @@ def _until_serving(proc: subprocess.Popen, timeout_s: float = 240.0) -> str:
     return "".join(out)
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _classify(http_port: int, image: bytes) -> np.ndarray:
     tc = tritonclient_module("http")
     client = tc.InferenceServerClient(f"127.0.0.1:{http_port}")
@@ -110,8 +102,8 @@ def test_the_rest_serve_the_file_is_named_in_one_line_and_no_temporary_folder_is
         assert f"  FAILED to load: {BROKEN} ({why})" in text
         labels = _classify(ports[0], sample_images["mug"])
         assert labels.shape[0] == 1 and labels[0][0]  # a real answer, with a label
-        assert _get(f"http://127.0.0.1:{ports[3]}/ready")[0] == 200
-        assert f'bls_model_load_failed{{model="{BROKEN}"}} 1' in _get(f"http://127.0.0.1:{ports[3]}/metrics")[1]
+        assert get(f"http://127.0.0.1:{ports[3]}/ready")[0] == 200
+        assert f'bls_model_load_failed{{model="{BROKEN}"}} 1' in get(f"http://127.0.0.1:{ports[3]}/metrics")[1]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
     finally:

@@ -22,8 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +34,7 @@ from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient, tritonclient_module
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
-from polling import eventually
+from polling import eventually, get
 
 pytestmark = pytest.mark.integration
 
@@ -87,14 +85,6 @@ def kept(broken_repo, tmp_path_factory):
     server.stop()
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _infer(server, protocol: str, model: str, image: bytes, request_id: str = "") -> InferenceServerException | None:
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(server.url(protocol))
@@ -115,7 +105,7 @@ def _infer(server, protocol: str, model: str, image: bytes, request_id: str = ""
 def test_the_others_serve_and_the_broken_childs_flow_answers_500_naming_its_load_error(kept, sample_images, broken_repo):
     assert set(kept.failed) == {BAD} and MISMATCH in kept.failed[BAD]
     assert {BAD_FLOW, GOOD_FLOW, "resnet50_onnx", "classify_bls_broken_shape"} <= set(kept.loaded)
-    metrics = _get(f"{kept.status_url}/metrics")[1]
+    metrics = get(f"{kept.status_url}/metrics")[1]
     assert re.search(rf'^bls_model_load_failed\{{model="{BAD}"\}} 1$', metrics, re.M)
     assert re.search(rf'^bls_model_load_failed\{{model="{GOOD_FLOW}"\}} 0$', metrics, re.M)
     assert _infer(kept, "http", GOOD_FLOW, sample_images["mug"]) is None
@@ -142,17 +132,17 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
     kept.unload_model(BAD)
     with pytest.raises(Exception):  # the repository API's load of the broken model fails
         kept.load_model(BAD)
-    code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(_get(ready)),
+    code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(get(ready)),
                              what="not ready, naming the failed load")
     assert (f"{BAD_FLOW} its last probe failed: [500] no classifier is ready for classifiers (its candidates, in order: "
             f"{BAD} failed to load") in text
     assert "classify_bls_broken_shape" in text  # its probe fails too (its child is broken): not ready
     kept.unload_model(BAD)
-    assert _get(f"http://{kept.http_url}/v2/health/ready")[0] == 400  # Triton's, after the unload too
+    assert get(f"http://{kept.http_url}/v2/health/ready")[0] == 400  # Triton's, after the unload too
     _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 1000)
     try:
         kept.load_model(BAD)
-        eventually(lambda: BAD_FLOW not in _get(ready)[1], what=f"{BAD_FLOW} ready again")
+        eventually(lambda: BAD_FLOW not in get(ready)[1], what=f"{BAD_FLOW} ready again")
     finally:
         kept.unload_model(BAD)
         _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 10)
@@ -166,13 +156,13 @@ def test_readiness_of_models_the_failed_load_does_not_touch_stays(broken_repo, t
     server.start()
     try:
         ready = f"{server.status_url}/ready"
-        eventually(lambda: _get(ready)[0] == 200, what="ready")
+        eventually(lambda: get(ready)[0] == 200, what="ready")
         with pytest.raises(Exception):
             server.load_model(BAD)
         server.unload_model(BAD)
-        assert _get(f"http://{server.http_url}/v2/health/ready")[0] == 400
+        assert get(f"http://{server.http_url}/v2/health/ready")[0] == 400
         time.sleep(1.5)  # three watchdog rounds
-        assert _get(ready) == (200, f"ready: {GOOD_FLOW}\n")
+        assert get(ready) == (200, f"ready: {GOOD_FLOW}\n")
     finally:
         server.stop()
 
@@ -190,7 +180,7 @@ def test_the_watchdog_probes_a_model_loaded_later_and_brings_it_back(kept):
         os.kill(pid, signal.SIGKILL)
         eventually(lambda: any(r.model == "image_quality" and r.recovered_at for r in kept.watchdog.recoveries),
                     what="the reload of image_quality")
-        assert re.search(r'bls_watchdog_reloads_total\{model="image_quality"\} 1', _get(f"{kept.status_url}/metrics")[1])
+        assert re.search(r'bls_watchdog_reloads_total\{model="image_quality"\} 1', get(f"{kept.status_url}/metrics")[1])
     finally:
         kept.unload_model("image_quality")
 
@@ -198,7 +188,7 @@ def test_the_watchdog_probes_a_model_loaded_later_and_brings_it_back(kept):
 # ---- what the status port tells -------------------------------------------------------------
 
 def _histogram_count(server, model: str) -> float:
-    text = _get(f"{server.status_url}/metrics")[1]
+    text = get(f"{server.status_url}/metrics")[1]
     found = re.search(rf'^bls_request_duration_seconds_count\{{model="{model}"\}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
 
@@ -214,7 +204,7 @@ def test_the_latency_histogram_counts_users_requests_and_not_the_probes(kept, sa
     eventually(lambda: _histogram_count(kept, GOOD_FLOW) - before == 6, what="6 requests in the histogram")
     time.sleep(1.0)
     assert _histogram_count(kept, GOOD_FLOW) - before == 6
-    text = _get(f"{kept.status_url}/metrics")[1]
+    text = get(f"{kept.status_url}/metrics")[1]
     assert "# TYPE bls_request_duration_seconds histogram" in text
     assert re.search(rf'^bls_request_duration_seconds_bucket\{{model="{GOOD_FLOW}",le="\+Inf"\}} ', text, re.M)
 
@@ -226,7 +216,7 @@ def test_the_requests_tritons_queue_refused_are_counted_where_triton_counts_none
     import threading
 
     def count(url: str, metric: str) -> float:
-        text = _get(url)[1]
+        text = get(url)[1]
         return sum(float(v) for v in re.findall(rf'^{metric}\{{[^}}]*model="{TINY_QUEUE}"[^}}]*\}} (\S+)$', text, re.M))
 
     status, triton = f"{kept.status_url}/metrics", kept.metrics_url

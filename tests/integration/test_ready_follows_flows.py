@@ -6,8 +6,6 @@ flow is unloaded /ready says ready again, with no word of the error that is gone
 from __future__ import annotations
 
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from google.protobuf import text_format
 from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
-from polling import eventually
+from polling import eventually, get
 
 pytestmark = pytest.mark.integration
 
@@ -33,21 +31,13 @@ def repo(repo_root, onnx_model, effnet_onnx_model, place_exports, tmp_path_facto
     return repo
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_ready_follows_a_flow_loaded_later_and_forgets_it_once_unloaded(repo, tmp_path):
     server = TritonServer(ServerOptions.on_free_ports(repo, tmp_path / "tritonserver.log", models=("classify_bls",),
                                                       fail_fast=False, status_port=free_port(), watchdog_interval_s=0.5))
     server.start()
     try:
         ready = f"{server.status_url}/ready"
-        eventually(lambda: _get(ready) == (200, "ready: classify_bls\n"), what="ready for classify_bls")
+        eventually(lambda: get(ready) == (200, "ready: classify_bls\n"), what="ready for classify_bls")
         # A flow whose only classifier never loads here (no TensorRT plan): it loads, and its probe fails.
         shutil.copytree(repo / "classify_bls", repo / LATE)
         config = text_format.Parse(config_variant(repo / "classify_bls", LATE, {
@@ -55,10 +45,10 @@ def test_ready_follows_a_flow_loaded_later_and_forgets_it_once_unloaded(repo, tm
         config.instance_group[0].count = 1
         (repo / LATE / "config.pbtxt").write_text(text_format.MessageToString(config))
         server.load_model(LATE)
-        code, text = eventually(lambda: (lambda r: r if r[0] == 503 else None)(_get(ready)), timeout_s=60,
+        code, text = eventually(lambda: (lambda r: r if r[0] == 503 else None)(get(ready)), timeout_s=60,
                                 what=f"not ready for {LATE}")
         assert f"{LATE} its last probe failed: " in text and "no classifier is ready" in text and "classify_bls " not in text
         server.unload_model(LATE)
-        eventually(lambda: _get(ready) == (200, "ready: classify_bls\n"), timeout_s=60, what=f"ready again, {LATE} gone")
+        eventually(lambda: get(ready) == (200, "ready: classify_bls\n"), timeout_s=60, what=f"ready again, {LATE} gone")
     finally:
         server.stop()
