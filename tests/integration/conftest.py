@@ -149,10 +149,31 @@ def _status_models(repo: Path) -> None:
     _variant(repo, "read_text", "read_text_one_region", {"max_regions_per_image": "1"})
 
 
+def python_child(repo: Path, shipped: Path, name: str, source: str, function: str, max_batch_size: int = 8) -> None:
+    """A test-only classifier child: a python model running `function` of `source` (a children.py)
+    on 3x224x224 inputs, with ImageNet's 1000 labels (image_quality's model.py runs it)."""
+    (repo / name / "1").mkdir(parents=True)
+    shutil.copy(shipped / "image_quality" / "1" / "model.py", repo / name / "1" / "model.py")
+    (repo / name / "1" / "children.py").write_text(source)
+    shutil.copy(shipped / "resnet50_onnx" / "labels.txt", repo / name / "labels.txt")
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "input", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] } ]\n'
+        'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" } ]\n'
+        'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
+        f'parameters {{ key: "function", value: {{ string_value: "children.py:{function}" }} }}\n')
+
+
 def start_server(repo: Path, log_dir: Path, **kwargs) -> TritonServer:
     server = TritonServer(ServerOptions.on_free_ports(repo, log_dir / "tritonserver.log", **kwargs))
     server.start()
     return server
+
+
+@pytest.fixture(scope="session")
+def child_factory():
+    """python_child: make a test-only classifier child in a repository."""
+    return python_child
 
 
 @pytest.fixture(scope="session")

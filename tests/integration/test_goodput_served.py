@@ -73,20 +73,11 @@ def counted(inputs):
 
 
 @pytest.fixture(scope="module")
-def goodput_server(model_repo, tmp_path_factory, server_factory):
+def goodput_server(model_repo, tmp_path_factory, server_factory, child_factory):
     repo = tmp_path_factory.mktemp("goodput") / "models"
     repo.mkdir()
     for name, fn in ((CHEAP, "slow"), (MAIN, "counted")):
-        (repo / name / "1").mkdir(parents=True)
-        shutil.copy(model_repo / "image_quality" / "1" / "model.py", repo / name / "1" / "model.py")
-        (repo / name / "1" / "children.py").write_text(_CHILDREN)
-        shutil.copy(model_repo / "resnet50_onnx" / "labels.txt", repo / name / "labels.txt")
-        (repo / name / "config.pbtxt").write_text(
-            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
-            'input [ { name: "input", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] } ]\n'
-            'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" } ]\n'
-            'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
-            f'parameters {{ key: "function", value: {{ string_value: "children.py:{fn}" }} }}\n')
+        child_factory(repo, model_repo, name, _CHILDREN, fn)
     shutil.copytree(model_repo / "classify_bls", repo / FLOW)
     (repo / FLOW / "config.pbtxt").write_text(config_variant(model_repo / "classify_bls", FLOW, {
         "cascade_classifiers": CHEAP, "classifiers": MAIN, "run_in_process": "none", "tta_threshold": "0"}))

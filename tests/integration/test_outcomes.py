@@ -70,21 +70,12 @@ def _flow(repo: Path, shipped: Path, name: str, max_queue_size: int | None = Non
 
 
 @pytest.fixture(scope="module")
-def watched(repo_root, tmp_path_factory):
+def watched(repo_root, tmp_path_factory, child_factory):
     """A server with its status port (room for 64 in FLOW's queue, 2 on SMALL_QUEUE),
     and a Prometheus scraping both endpoints every second with the shipped rules."""
     tmp = tmp_path_factory.mktemp("outcomes")
     shipped, repo = repo_root / "models", tmp / "models"
-    (repo / CHILD / "1").mkdir(parents=True)
-    shutil.copy(shipped / "image_quality" / "1" / "model.py", repo / CHILD / "1" / "model.py")
-    (repo / CHILD / "1" / "children.py").write_text(_CHILD)
-    shutil.copy(shipped / "resnet50_onnx" / "labels.txt", repo / CHILD / "labels.txt")
-    (repo / CHILD / "config.pbtxt").write_text(
-        f'name: "{CHILD}"\nbackend: "python"\nmax_batch_size: 64\n'
-        'input [ { name: "input", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] } ]\n'
-        'output [ { name: "output", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "labels.txt" } ]\n'
-        'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
-        'parameters { key: "function", value: { string_value: "children.py:slow" } }\n')
+    child_factory(repo, shipped, CHILD, _CHILD, "slow", max_batch_size=64)
     # Room for what six impatient clients leave in FLOW's queue: Triton drops a cancelled request
     # only when the instance takes its next batch (a call here takes 1 s), and counts it till then.
     _flow(repo, shipped, FLOW, max_queue_size=64)
