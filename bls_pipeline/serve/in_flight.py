@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["PENDING_GAUGE", "QUIET_S", "QuietWatch", "Snapshot", "answered_counts", "pending_count", "quiet", "read_snapshot", "stub_cpu_ticks"]
+__all__ = ["PENDING_GAUGE", "QUIET_S", "HeldStubs", "QuietWatch", "Snapshot", "answered_counts", "pending_count", "quiet", "read_snapshot", "stub_cpu_ticks"]
 
 PENDING_GAUGE = "nv_inference_pending_request_count"
 # CPU a stub may use in an interval and still count as idle (its threads wake now and then:
@@ -126,3 +126,21 @@ class QuietWatch:
     def held(self, now: float) -> bool:
         """Nothing in flight for `interval_s` at least."""
         return self.quiet_for(now) >= self.interval_s
+
+
+class HeldStubs:
+    """The python stubs of models the drain judged held, watched after tritonserver's SIGTERM.
+
+    A model truly held keeps its stubs alive and idle until tritonserver is killed. One that
+    was only slow to unload (on a busy machine each python instance's destruction starts with
+    the backend's 1 s health check, its stub idle, and can outlast QUIET_S) shows it: a stub
+    of its exits, or computes (its finalize(), the interpreter's teardown)."""
+
+    def __init__(self, stubs: dict[int, str], model_of: Callable[[str], str | None]):
+        self.model = {pid: model_of(instance) for pid, instance in stubs.items()}  # pid -> model
+        self.ticks = stub_cpu_ticks(stubs)
+
+    def stirred(self) -> set[str]:
+        """The models one of whose stubs exited, or used more than IDLE_TICKS, since the watch began."""
+        now = stub_cpu_ticks(self.ticks)
+        return {self.model[pid] for pid, ticks in self.ticks.items() if pid not in now or now[pid] - ticks > IDLE_TICKS}

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stubs", "become_subreaper", "is_subreaper", "model_of", "reap_group", "stub_instances", "stubs"]
+__all__ = ["Stubs", "become_subreaper", "destruction_began", "is_subreaper", "model_of", "reap_group", "stub_instances", "stubs"]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2), Linux
 
@@ -65,6 +65,16 @@ def model_of(instance: str) -> str | None:
     another name (the stub that completes a model's config at load is named by its model)."""
     m = re.fullmatch(r"(.+)_\d+_\d+", instance)
     return m.group(1) if m else None
+
+
+def destruction_began(model: str, before: dict[int, str], now: Stubs) -> bool:
+    """Triton began to destroy `model`: one of the stubs it had `before` (pid -> instance) has
+    exited by `now`. Only where those stubs were one copy's (no instance name twice): a copy
+    still finishing after a reload, or one a dead stub left stuck, has stubs of the same
+    names, and one of theirs exiting says nothing of this copy."""
+    mine = [pid for pid, instance in before.items() if model_of(instance) == model]
+    one_copy = len({before[pid] for pid in mine}) == len(mine) > 0
+    return one_copy and any(pid not in now.live and pid not in now.dead for pid in mine)
 
 
 def stub_instances(pgid: int) -> dict[int, str]:

@@ -39,7 +39,7 @@ from ..runtime.settings import RELOAD_KEY
 from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
-from .processes import become_subreaper, is_subreaper, model_of, reap_group, stubs
+from .processes import become_subreaper, destruction_began, is_subreaper, model_of, reap_group, stubs
 from .followers import FlowRetries
 from .states import ModelStates
 from .queue_monitor import QueueMonitor
@@ -57,11 +57,12 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # trace and log settings) and reading a model's full config (instances, queue limits, file
 # names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
 # Model Analyzer read the config, so they take the key (-H).
-# After a drain that found a model held with nothing in flight (in_flight.py), how long
-# tritonserver gets after its SIGTERM to exit by itself before it is killed.
-HELD_GRACE_S = 1.0
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 SHM_PREFIX = "triton_python_backend_shm_region_"
+# After a drain that found a model held with nothing in flight (in_flight.py), how long
+# tritonserver gets after its SIGTERM to exit by itself before it is killed, unless a stub of
+# a held model stirs meanwhile (TritonServer._terminate).
+HELD_GRACE_S = 1.0
 
 
 def free_port() -> int:
@@ -533,8 +534,10 @@ class TritonServer:
         A model that Triton 2.51 keeps from its destruction with no request in flight (after
         a gRPC spike, docs/reliability.md) would hold the drain until the timeout. Once
         Triton has reported nothing in flight for in_flight.QUIET_S (nothing pending, nothing
-        answered, every stub idle: in_flight.py), the models still unloading are held by no
-        request: the drain goes on without them, and stop() kills tritonserver after it."""
+        answered, every stub idle: in_flight.py), the models still unloading whose destruction
+        did not begin are held by no request: the drain goes on without them, and stop() kills
+        tritonserver after it. One whose destruction began is waited for: on a busy machine its
+        instances can take longer than QUIET_S each, its stubs idle meanwhile."""
         deadline = time.monotonic() + timeout_s
         before = stubs(self.pid).live
         self._held = ()
@@ -543,8 +546,7 @@ class TritonServer:
                 self.unload_model(model)
             watch = in_flight.QuietWatch(self._snapshot)  # quiet since this stage's unload, no sooner
             while not self._done_with_requests(stage, before):
-                if watch.held(time.monotonic()):
-                    self._hold(stage, watch)
+                if watch.held(time.monotonic()) and self._hold(stage, watch, before):
                     break
                 if time.monotonic() > deadline:
                     states = self.admin.states()
@@ -561,8 +563,7 @@ class TritonServer:
                     if name in self.loaded and state in ("READY", "UNLOADING")}
             if not left:
                 return True
-            if watch.held(time.monotonic()):
-                self._hold(tuple(left), watch)
+            if watch.held(time.monotonic()) and self._hold(tuple(left), watch, before):
                 return True
             if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
                 log.warning("models still unloading after %ss of draining: stopping anyway (%s)", timeout_s,
@@ -577,12 +578,15 @@ class TritonServer:
     def _metrics_on(self) -> bool:
         return "metrics" in _endpoints(self._proc.args if self._proc is not None else [])
 
-    def _hold(self, models: tuple[str, ...], watch: in_flight.QuietWatch) -> None:
-        """Record and say which of `models` Triton keeps from unloading with nothing in flight."""
-        states = self.admin.states()
-        held = tuple(m for m in models if states.get(m) in ("READY", "UNLOADING") and m not in self._held)
+    def _hold(self, models: tuple[str, ...], watch: in_flight.QuietWatch, before: dict[int, str]) -> tuple[str, ...]:
+        """Record and say which of `models` Triton keeps from unloading with nothing in flight;
+        returns them. One whose destruction began (processes.destruction_began) is not held: it is only
+        slow, its python instances destroyed one after another, each stub idle meanwhile."""
+        states, now = self.admin.states(), stubs(self.pid)
+        held = tuple(m for m in models if states.get(m) in ("READY", "UNLOADING") and m not in self._held
+                     and not destruction_began(m, before, now))
         if not held:
-            return
+            return held
         self._held += held
         log.warning("%s still unloading with nothing in flight: for %.1f s since its unload Triton reported no "
                     "request pending (%s 0) and none answered, and every python stub was idle; Triton 2.51 can "
@@ -590,22 +594,13 @@ class TritonServer:
                     "then exit code 1): not waiting for it, tritonserver is killed once the rest is drained",
                     ", ".join(held), watch.last.at - watch.first.at, in_flight.PENDING_GAUGE,
                     self.options.exit_timeout_s)
+        return held
 
     def _done_with_requests(self, stage: tuple[str, ...], before: dict[int, str]) -> bool:
-        """Every model of `stage` unloaded, or being destroyed: one of the stubs it had
-        before the drain exited. Only where those stubs are one copy's (no instance name
-        twice: a copy still finishing after a reload, or one a dead stub left stuck, has
-        stubs of the same names, and one of theirs exiting says nothing of this copy)."""
+        """Every model of `stage` unloaded, or being destroyed (processes.destruction_began)."""
         states = self.admin.states()
         now = stubs(self.pid)
-        for model in stage:
-            if states.get(model) not in ("READY", "UNLOADING"):
-                continue
-            mine = [pid for pid, instance in before.items() if model_of(instance) == model]
-            one_copy = len({before[pid] for pid in mine}) == len(mine) > 0
-            if not (one_copy and any(pid not in now.live and pid not in now.dead for pid in mine)):
-                return False
-        return True
+        return all(destruction_began(model, before, now) for model in stage if states.get(model) in ("READY", "UNLOADING"))
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -646,18 +641,7 @@ class TritonServer:
             if proc.poll() is None:
                 stuck = self._stuck_copies(proc.pid, watchdog) if drained else ()
                 if not stuck:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        # A held model: a short grace, not Triton's exit timeout. A model that was only
-                        # slow to finish unloading (its finalize() still running) exits in it, cleanly.
-                        proc.wait(timeout=HELD_GRACE_S if held else self.options.exit_timeout_s + 5)
-                        held = ()
-                    except subprocess.TimeoutExpired:
-                        if held:
-                            log.warning("killing tritonserver %.0f s after its SIGTERM, not waiting out its exit timeout "
-                                        "(%ss) for %s", HELD_GRACE_S, self.options.exit_timeout_s, ", ".join(held))
-                        else:
-                            self._report_hang(proc.pid, drained)
+                    held = self._terminate(proc, held, drained)
             _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
             code = proc.wait(timeout=10)
             if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them
@@ -702,6 +686,39 @@ class TritonServer:
                     "flight, so it is killed now instead of waiting out its exit timeout (%ss, then exit code 1)",
                     ", ".join(names), self.options.exit_timeout_s)
         return names
+
+    def _terminate(self, proc: subprocess.Popen, held: tuple[str, ...], drained: bool) -> tuple[str, ...]:
+        """SIGTERM tritonserver and wait for it to exit; returns the held models it is to be
+        killed for (none: it exited, or hung, which _report_hang says).
+
+        With models held (_hold), it gets HELD_GRACE_S, not its exit timeout. A held model whose
+        stub exits or computes meanwhile was only slow to unload (in_flight.HeldStubs): it is
+        held no more, and once none is, tritonserver gets its exit timeout to finish cleanly."""
+        watch = in_flight.HeldStubs({pid: instance for pid, instance in stubs(proc.pid).live.items()
+                                     if model_of(instance) in held}, model_of)
+        proc.send_signal(signal.SIGTERM)
+        grace_ends = time.monotonic() + HELD_GRACE_S
+        while held:
+            try:
+                proc.wait(timeout=0.1)
+                return ()
+            except subprocess.TimeoutExpired:
+                pass
+            slow = tuple(m for m in held if m in watch.stirred())
+            if slow:
+                held = tuple(m for m in held if m not in slow)
+                log.info("%s only slow to unload, not held: a stub of it exited or computed after tritonserver's "
+                         "SIGTERM; %s", ", ".join(slow), "waiting for tritonserver to exit" if not held else
+                         f"still held: {', '.join(held)}")
+            elif time.monotonic() > grace_ends:
+                log.warning("killing tritonserver %.0f s after its SIGTERM, not waiting out its exit timeout (%ss) for %s",
+                            HELD_GRACE_S, self.options.exit_timeout_s, ", ".join(held))
+                return held
+        try:
+            proc.wait(timeout=self.options.exit_timeout_s + 5)
+        except subprocess.TimeoutExpired:
+            self._report_hang(proc.pid, drained)
+        return ()
 
     def _report_hang(self, pid: int, drained: bool) -> None:
         """Say loudly that tritonserver ignored SIGTERM, with its threads' stacks if gdb is here."""

@@ -5,8 +5,12 @@ interval. Triton's texts are parsed as it writes them; the snapshots are built b
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
-from bls_pipeline.serve.in_flight import IDLE_TICKS, QuietWatch, Snapshot, answered_counts, pending_count, quiet, stub_cpu_ticks
+from bls_pipeline.serve.in_flight import IDLE_TICKS, HeldStubs, QuietWatch, Snapshot, answered_counts, pending_count, quiet, stub_cpu_ticks
+from bls_pipeline.serve.processes import Stubs, destruction_began, model_of
 
 METRICS = """# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
 # TYPE nv_inference_pending_request_count gauge
@@ -70,3 +74,45 @@ def test_a_server_that_does_not_answer_is_never_quiet():
 def test_this_process_cpu_is_read_from_proc():
     ticks = stub_cpu_ticks([os.getpid(), 2 ** 22 + 1])  # the second: no such process, left out
     assert list(ticks) == [os.getpid()] and ticks[os.getpid()] >= 0
+
+
+def test_a_model_counts_as_being_destroyed_once_one_of_its_stubs_has_exited():
+    """Not held, only slow: its python instances are destroyed one after another, each stub
+    idle meanwhile (processes.destruction_began)."""
+    before = {11: "resnet50_onnx_0_0", 12: "resnet50_onnx_0_1", 13: "classify_bls_0_0"}
+    nobody_left = Stubs(live=dict(before), dead=frozenset())
+    assert not destruction_began("resnet50_onnx", before, nobody_left)
+    one_exited = Stubs(live={12: "resnet50_onnx_0_1", 13: "classify_bls_0_0"}, dead=frozenset())
+    assert destruction_began("resnet50_onnx", before, one_exited)
+    assert not destruction_began("classify_bls", before, one_exited)
+    # a zombie is a stub that died, not one Triton destroyed; one exiting (argv gone) has left
+    assert not destruction_began("resnet50_onnx", before, Stubs(live={12: "resnet50_onnx_0_1"}, dead=frozenset({11})))
+    assert destruction_began("resnet50_onnx", before, Stubs(live={12: "resnet50_onnx_0_1"}, dead=frozenset(), dying=frozenset({11})))
+
+
+def test_a_stub_exiting_says_nothing_where_two_copies_of_a_model_run():
+    """A copy still finishing after a reload has stubs of the same names as the new one."""
+    before = {11: "resnet50_onnx_0_0", 21: "resnet50_onnx_0_0"}
+    assert not destruction_began("resnet50_onnx", before, Stubs(live={21: "resnet50_onnx_0_0"}, dead=frozenset()))
+    assert not destruction_began("image_quality", before, Stubs(live={}, dead=frozenset()))  # no stub of it known
+
+
+def test_a_held_model_whose_stub_exits_or_computes_was_only_slow():
+    """After tritonserver's SIGTERM: a stub that stays asleep keeps its model held; one that
+    exits, or computes, shows its model was being destroyed (in_flight.HeldStubs)."""
+    asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    exits = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    computes = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.2); sum(range(10**6))"])
+    try:
+        time.sleep(0.5)  # the interpreters started
+        watch = HeldStubs({asleep.pid: "classify_bls_0_0", exits.pid: "resnet50_onnx_0_0",
+                           computes.pid: "image_quality_0_0"}, model_of)
+        assert watch.stirred() == set()
+        exits.kill()
+        exits.wait()
+        time.sleep(1.0)  # the computing one uses more than IDLE_TICKS in it
+        assert watch.stirred() == {"resnet50_onnx", "image_quality"}
+    finally:
+        for proc in (asleep, exits, computes):
+            proc.kill()
+            proc.wait()
