@@ -94,6 +94,13 @@ class Traffic:
             assert not self.ended, f"a client thread ended early: {self.ended}"
             time.sleep(0.05)
 
+    def recent_latency(self, last: int = 8) -> float:
+        """The median time to an answer of the latest `last` requests answered."""
+        with self._lock:
+            answered = [r for r in self.records if r.route is not None][-last:]
+        took = sorted(r.answered - r.sent for r in answered)
+        return took[len(took) // 2]
+
     def outcomes(self) -> Counter:
         with self._lock:
             return Counter(r.route or r.error for r in self.records)
@@ -232,6 +239,10 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
     pid, prefix = srv.pid, srv.shm_prefix
     with Traffic(srv.grpc_url, "grpc", FAILOVER, _heavy_png(), threads=8) as traffic:
         traffic.wait_for(16)
+        # wait_for returns just after an answer, and an execute() answers several clients at
+        # once: their next requests are still on their way (a 3200x2400 PNG each), and the drain
+        # refuses them on arrival. Half a request's time later they are in the flow.
+        time.sleep(traffic.recent_latency() / 2)
         stop_began = time.monotonic()
         code = srv.stop()
         stopped = time.monotonic()
