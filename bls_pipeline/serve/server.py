@@ -557,13 +557,11 @@ class TritonServer:
                 time.sleep(0.05)
         if self._held:  # every other model is being destroyed, done with its requests: stop() kills tritonserver now
             return True
-        watch = in_flight.QuietWatch(self._snapshot)
+        # Every model's destruction began (no request holds any): none left can be held.
         while True:
             left = {name: state for name, state in self.admin.states().items()
                     if name in self.loaded and state in ("READY", "UNLOADING")}
             if not left:
-                return True
-            if watch.held(time.monotonic()) and self._hold(tuple(left), watch, before):
                 return True
             if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
                 log.warning("models still unloading after %ss of draining: stopping anyway (%s)", timeout_s,
