@@ -702,7 +702,8 @@ class TritonServer:
                 return ()
             except subprocess.TimeoutExpired:
                 pass
-            slow = tuple(m for m in held if m in watch.stirred())
+            stirred = watch.stirred()
+            slow = tuple(m for m in held if m in stirred)
             if slow:
                 held = tuple(m for m in held if m not in slow)
                 log.info("%s only slow to unload, not held: a stub of it exited or computed after tritonserver's "
