@@ -46,7 +46,7 @@ from .queue_monitor import QueueMonitor
 from .status import StatusServer
 from .watchdog import Watchdog
 
-__all__ = ["ServerOptions", "TritonServer", "embedded_command", "free_port", "main"]
+__all__ = ["ServerOptions", "TritonServer", "embedded_command", "first_line", "free_port", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class TritonServer:
         self._check_it_is_ours()
         self.loaded = tuple(m for m in plan.load if m not in self.failed)
         if not self.loaded:
-            raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({_first_line(w)})' for m, w in self.failed.items())}"
+            raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({first_line(w)})' for m, w in self.failed.items())}"
                                f"{self._log_hint()}")
         for name, why in self.failed.items():
             log.error("%s FAILED to load, serving the others without it: %s", name, why)
@@ -406,7 +406,7 @@ class TritonServer:
             try:
                 self.load_model(flow)
             except AdminError as exc:
-                log.warning("%s still fails its load: %s", flow, _first_line(str(exc)))
+                log.warning("%s still fails its load: %s", flow, first_line(str(exc)))
                 continue
             log.info("%s loaded: it follows its children again", flow)
             self.states.refresh()
@@ -786,7 +786,8 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first line of `text`, stripped (empty for none)."""
     lines = (text or "").strip().splitlines()
     return lines[0] if lines else ""
 
@@ -1028,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in server.skipped.items():
             print(f"  not loaded: {name} ({why})")
         for name, why in server.failed.items():
-            print(f"  FAILED to load: {name} ({_first_line(why)}); its callers answer 500 naming it")
+            print(f"  FAILED to load: {name} ({first_line(why)}); its callers answer 500 naming it")
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
         if server.status_url:
             also = "" if opts.ready_for else ", and every flow loaded later while it is"

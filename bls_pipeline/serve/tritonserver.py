@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import repository
-from .server import embedded_command
+from .server import embedded_command, first_line
 
 __all__ = ["main"]
 
@@ -75,12 +75,8 @@ def load_problems(args: list[str], command: list[str]) -> dict[str, str]:
     backends = {p.name for p in Path(backend_dir).iterdir() if p.is_dir()} if Path(backend_dir).is_dir() else set()
     if present and backends:
         plan = repository.plan_loading(root, backends, only=present)
-        problems.update({n: _first_line(why) for n, why in {**plan.broken, **plan.skipped}.items() if n in present})
+        problems.update({n: first_line(why) for n, why in {**plan.broken, **plan.skipped}.items() if n in present})
     return problems
-
-
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0]
 
 
 def main(argv: list[str] | None = None) -> int:
