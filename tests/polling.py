@@ -3,9 +3,11 @@ flushed, a state reached, an alert firing; and reading a status endpoint for it.
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -30,3 +32,20 @@ def get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def scrape(metrics_url: str, metric: str, model: str) -> dict[str, float]:
+    """One metric of one model from a Prometheus text endpoint: {its other labels as
+    "k=v,...": the value summed over instances}."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        m = re.match(rf"^{metric}\{{(.*)\}} (\S+)$", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("model") != model:
+            continue
+        key = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("model", "instance"))
+        out[key] += float(m.group(2))
+    return dict(out)

@@ -15,7 +15,6 @@ KIND_GPU decodes JPEGs on that instance's GPU and keeps pixels and scores there
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ from .glue import (bridge_logging, declared_outputs, freeze_startup_objects, ins
                    model_parameters, request_parameters)
 from .metrics import FlowMetrics
 from .records import ExecuteTimes, RecordSink, TimedSend, execution_record, line
-from .queue_waits import QueueWaitReader
+from .queue_waits import QueueWaits
 from .transport import TritonTransport
 
 __all__ = ["flow_model"]
@@ -47,12 +46,12 @@ def flow_model(pb_utils: Any) -> type:
         def initialize(self, args):
             bridge_logging(pb_utils)
             model_dir = Path(args["model_repository"])
-            self.queue_waits = QueueWaitReader(args["model_name"])  # Triton's measure of the queue, from bls-serve
+            self.queue_waits = QueueWaits()  # Triton's measure of the queues (its own, its children's), from bls-serve
             self.runtime = FlowRuntime.load(model_dir, model_parameters(args), pb_utils.is_model_ready,
                                             version=args["model_version"], instances=instance_count(args),
                                             name=args["model_name"], device=instance_device(args), pin_versions=True,
-                                            outputs=declared_outputs(args), batch_cap=_batch_cap(args),
-                                            queue_reading=self.queue_waits.read)
+                                            outputs=declared_outputs(args), queued=True,
+                                            queue_readings=self.queue_waits.read)
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
@@ -69,7 +68,8 @@ def flow_model(pb_utils: Any) -> type:
             if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
                 self.mirror_transport = TritonTransport(pb_utils)
                 self.runtime.router.mirror_send = self.mirror_transport.send
-            self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"])
+            self.metrics = FlowMetrics(pb_utils, args["model_name"], args["model_instance_name"],
+                                       stages=tuple(self.runtime.children))
             self.instance = args["model_instance_name"]
             self.records = RecordSink(os.environ.get(EXECUTIONS_ENV))  # bls-serve's, for bls-explain
             # A candidate that failed to load makes a request INTERNAL, not UNAVAILABLE (bls-serve's states).
@@ -125,7 +125,8 @@ def flow_model(pb_utils: Any) -> type:
                 run_ms, child_seconds = times.lap("probes" if probing else None), self.send.take()
                 if not probing:
                     times.users(run_ms, timings, child_seconds)
-                    self.metrics.record(timings, answered=sum(isinstance(a, Prediction) for a in answers))
+                    self.metrics.record(timings, answered=sum(isinstance(a, Prediction) for a in answers),
+                                        gone=timings.answered_gone)
                     times.lap("metrics")
                     users = ([requests[i].request_id() for i in part], answers, timings)
                 for i, answer in zip(part, answers):
@@ -155,15 +156,6 @@ def flow_model(pb_utils: Any) -> type:
                 self.mirror_transport.close()
 
     return TritonPythonModel
-
-
-def _batch_cap(args: dict) -> int:
-    """The most images Triton's batcher hands one execute() from a queue of requests: the
-    largest preferred_batch_size, else max_batch_size. An execute() that came with that many
-    requests found a queue at least that long (runtime/admission.py)."""
-    config = json.loads(args["model_config"])
-    preferred = (config.get("dynamic_batching") or {}).get("preferred_batch_size") or ()
-    return int(max(preferred, default=0) or config.get("max_batch_size", 0) or 0)
 
 
 def _read(pb_utils: Any, request: Any, parameters: dict) -> ImageRequest:

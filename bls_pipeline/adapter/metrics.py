@@ -1,8 +1,11 @@
 """A flow model's own metrics on Triton's /metrics endpoint (pb_utils.MetricFamily).
 
     bls_requests_total{code}             requests finished, by the status their client got: OK
-                                         (answered) or the failure's code (INVALID_ARGUMENT,
-                                         INTERNAL, UNAVAILABLE, ...); every code starts at 0
+                                         (answered), GONE (answered, but its client had gone
+                                         meanwhile: it cancelled, or its gRPC deadline passed;
+                                         the work was wasted) or the failure's code
+                                         (INVALID_ARGUMENT, INTERNAL, UNAVAILABLE, CANCELLED);
+                                         every code starts at 0
     bls_rejected_requests_total{reason,code}  failed requests: what failed (a decode reason,
                                          bad_request, too_large, too_many_regions, flow, or a
                                          child's role or name) and the status the client got
@@ -13,9 +16,13 @@
     bls_executions_total                 execute() calls (mean stage latency = seconds / executions)
     bls_dropped_images_total{why,stage,code}  images of requests dropped before they finished:
                                          cancelled (the client went), expired (its deadline passed),
-                                         no_time (too little left for the next stage), shed (a standing
-                                         queue over queue_delay_target_ms); stage: admission (before
-                                         decoding) or the child model about to be called
+                                         no_time (too little left for the next stage); stage:
+                                         admission (before decoding) or the child model about to
+                                         be called
+    bls_degraded_images_total{stage,why} images answered degraded: an optional stage (the child
+                                         model `stage`) skipped under overload, why: late (it would
+                                         have answered after the request's deadline or the flow's
+                                         latency_target_ms) or busy (it refused the call)
     bls_queue_wait_seconds               (gauge) the mean wait in Triton's queue, as Triton measured it,
                                          of the requests that left it in the latest window before this
                                          instance's last execute() (runtime/admission.py); 0 where
@@ -40,7 +47,7 @@ backend sends the error as the response), so the failures are counted here
 (docs/reliability.md, "Alerting"). Every failure the runtime records through
 Timings.reject() is counted, whatever its reason and code; series() is the pure part.
 
-While requests are refused (503: shed, no_time, expired, a child overloaded or not READY)
+While requests are refused (503: no_time, expired, a child overloaded or not READY)
 or cancelled by their clients, each instance logs one line a minute saying how many, of how
 many, and why (OutcomeSummary: none for a minute with neither), at WARNING, so the server
 log shows overload at its default verbosity without a line per request.
@@ -58,21 +65,23 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from ..contract import RESTARTS_ENV
 from ..runtime.results import CANCELLED, CODES, UNAVAILABLE, Timings
 from ..runtime.trials import SCORE_DIFF_BOUNDS
 
-__all__ = ["FlowMetrics", "OutcomeSummary", "series"]
+__all__ = ["FlowMetrics", "OutcomeSummary", "series", "zero_series"]
 
 log = logging.getLogger(__name__)
 
 ANSWERED = "OK"  # bls_requests_total's code of a request answered
+GONE = "GONE"  # ... answered after its client had gone
 
 _FAMILIES = {
     "requests": ("bls_requests_total", "Users' requests the flow model finished, by the status code sent: OK "
-                 "(answered) or the code of the failure (watchdog probes not counted)"),
+                 "(answered), GONE (answered after its client had gone: wasted) or the code of the failure "
+                 "(watchdog probes not counted)"),
     "rejected_requests": ("bls_rejected_requests_total", "Users' requests the flow model failed, by what failed "
                           "(reason) and the status code sent"),
     "rejected": ("bls_rejected_images_total", "Images in users' requests the flow model failed, every image of each "
@@ -81,7 +90,9 @@ _FAMILIES = {
     "seconds": ("bls_stage_seconds_total", "Seconds spent per stage"),
     "executions": ("bls_executions_total", "execute() calls of the flow model"),
     "dropped": ("bls_dropped_images_total", "Images of requests dropped before they finished, by why (cancelled, expired, "
-                "no_time, shed), the stage where (admission or the child about to be called) and the status code sent"),
+                "no_time), the stage where (admission or the child about to be called) and the status code sent"),
+    "degraded": ("bls_degraded_images_total", "Images answered degraded: the optional stage (child model) skipped under "
+                 "overload, and why (late: it would have answered too late; busy: it refused the call)"),
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
     "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
     "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
@@ -97,9 +108,10 @@ _FAMILIES = {
 Key = tuple  # (family, *sorted (label, value) pairs)
 
 
-def series(timings: Timings, answered: int) -> dict[Key, float]:
+def series(timings: Timings, answered: int, gone: int = 0) -> dict[Key, float]:
     """What one execute() adds to each series: `timings` of its users' requests, `answered`
-    of which were answered (the others failed, each through Timings.reject)."""
+    of which were answered (the others failed, each through Timings.reject), `gone` of those
+    after their client had gone."""
     out: dict[Key, float] = {}
 
     def add(family: str, value: float, **labels: str) -> None:
@@ -109,8 +121,10 @@ def series(timings: Timings, answered: int) -> dict[Key, float]:
     add("executions", 1)
     add("seconds", timings.decode_preprocess, stage="decode_preprocess")
     add("seconds", timings.classify, stage="classify")
-    if answered:
-        add("requests", answered, code=ANSWERED)
+    if answered - gone:
+        add("requests", answered - gone, code=ANSWERED)
+    if gone:
+        add("requests", gone, code=GONE)
     for (reason, code), n in timings.rejected_requests.items():
         add("requests", n, code=code)
         add("rejected_requests", n, reason=reason, code=code)
@@ -120,6 +134,8 @@ def series(timings: Timings, answered: int) -> dict[Key, float]:
         add("images", n, route=route)
     for (why, stage, code), n in timings.dropped.items():
         add("dropped", n, why=why, stage=stage, code=code)
+    for (stage, why), n in timings.degraded.items():
+        add("degraded", n, stage=stage, why=why)
     for child, stats in timings.children.items():
         add("child_calls", stats.calls, child=child)
         add("child_images", stats.images, child=child)
@@ -179,8 +195,25 @@ class OutcomeSummary:
         return text
 
 
+def zero_series(stages: Sequence[str]) -> list[Key]:
+    """The series that exist at 0 from a flow model's load on, so that a rate or increase()
+    over them sees the first count (a series that appears at 1 shows no increase): every
+    request code; and, for the door and each child model (`stages`), every way a request can
+    be dropped or an image degraded there, and its calls."""
+    keys: list[Key] = [("executions",)]
+    keys += [("seconds", ("stage", stage)) for stage in ("decode_preprocess", "classify")]
+    keys += [("requests", ("code", code)) for code in (ANSWERED, GONE, *CODES)]
+    for why, code in (("cancelled", CANCELLED), ("expired", UNAVAILABLE), ("no_time", UNAVAILABLE)):
+        keys += [("rejected_requests", ("code", code), ("reason", why)), ("rejected", ("code", code), ("reason", why))]
+        keys += [("dropped", ("code", code), ("stage", stage), ("why", why)) for stage in ("admission", *stages)]
+    for stage in stages:
+        keys += [("degraded", ("stage", stage), ("why", why)) for why in ("late", "busy")]
+        keys += [(family, ("child", stage)) for family in ("child_calls", "child_images", "child_seconds")]
+    return keys
+
+
 class FlowMetrics:
-    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.25):
+    def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.25, stages: Sequence[str] = ()):
         family = pb_utils.MetricFamily
         self._labels = {"model": model, "instance": instance}
         self._families = {key: family(name=name, description=text, kind=family.COUNTER) for key, (name, text) in _FAMILIES.items()}
@@ -200,17 +233,15 @@ class FlowMetrics:
         self._wait_metric = self._wait.Metric(labels=self._labels)
         self._wait_s: float | None = None
         self._summary = OutcomeSummary(instance, now=time.monotonic())
-        # Every code's series exists from the load on, at 0: a rate or increase() over it sees
-        # the first failure (a series that appears at 1 shows no increase).
-        for code in (ANSWERED, *CODES):
-            key = ("requests", ("code", code))
-            self._metrics[key] = self._families["requests"].Metric(labels={**self._labels, "code": code})
+        for key in zero_series(stages):  # at 0 from the load on (zero_series)
+            family, *labels = key
+            self._metrics[key] = self._families[family].Metric(labels={**self._labels, **dict(labels)})
         self._flusher = threading.Thread(target=self._flush_every, name="bls-metrics", daemon=True)
         self._flusher.start()
 
-    def record(self, timings: Timings, answered: int) -> None:
+    def record(self, timings: Timings, answered: int, gone: int = 0) -> None:
         """Add one execute()'s counts (series()); the flusher sends them."""
-        counts = series(timings, answered)
+        counts = series(timings, answered, gone)
         with self._lock:
             for key, value in counts.items():
                 self._pending[key] = self._pending.get(key, 0.0) + value

@@ -5,7 +5,7 @@ python stub process, runtime/admission.py decides on it). One small file per mod
 makes them and removes them at its stop. A server started without bls-serve has none: its
 flows then know no queue wait, and refuse nothing on one.
 
-Layout: a sequence number, then the reading's five numbers. The writer makes the sequence
+Layout: a sequence number, then the reading's three numbers. The writer makes the sequence
 odd while it writes and even after; a reader that sees it odd or changed reads again
 (a seqlock: one writer, readers never block it)."""
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ..runtime.admission import QueueReading
 
-__all__ = ["QueueWaitReader", "QueueWaitWriter", "WAIT_PREFIX"]
+__all__ = ["QueueWaitReader", "QueueWaitWriter", "QueueWaits", "WAIT_PREFIX"]
 
 WAIT_PREFIX = "bls_wait_"
 _SEQ = struct.Struct("<Q")
-_READING = struct.Struct("<ddddd")  # at, wait_s, standing_s, requests, interval_s
+_READING = struct.Struct("<ddd")  # at, wait_s, requests
 _SIZE = _SEQ.size + _READING.size
 _LOOK_AGAIN_S = 1.0  # a reader whose file is not there yet looks for it again after this long
 
@@ -53,8 +53,7 @@ class QueueWaitWriter:
         buf = self._maps[model][1]
         seq = _SEQ.unpack_from(buf, 0)[0]
         _SEQ.pack_into(buf, 0, seq + 1 if seq % 2 == 0 else seq + 2)  # odd: being written
-        _READING.pack_into(buf, _SEQ.size, reading.at, reading.wait_s, reading.standing_s, float(reading.requests),
-                           reading.interval_s)
+        _READING.pack_into(buf, _SEQ.size, reading.at, reading.wait_s, float(reading.requests))
         _SEQ.pack_into(buf, 0, _SEQ.unpack_from(buf, 0)[0] + 1)  # even: whole
 
     def close(self) -> None:
@@ -86,8 +85,8 @@ class QueueWaitReader:
             if _SEQ.unpack_from(self._map, 0)[0] == before:
                 if before == 0:
                     return None  # made, never written
-                at, wait_s, standing_s, requests, interval_s = values
-                return QueueReading(at, wait_s, standing_s, int(requests), interval_s)
+                at, wait_s, requests = values
+                return QueueReading(at, wait_s, int(requests))
         return None  # being written each time: no reading this once
 
     def _open(self) -> bool:
@@ -111,3 +110,23 @@ class QueueWaitReader:
         if self._map is not None:
             self._map.close()
             self._map = None
+
+
+class QueueWaits:
+    """A flow instance's readers, one per model it asks about (its own queue, its children's),
+    made on first use: read(model) is that model's latest reading, or None."""
+
+    def __init__(self, server_pid: int | None = None, folder: Path = Path("/dev/shm"), clock=time.monotonic):
+        self._server_pid, self._folder, self._clock = server_pid, Path(folder), clock
+        self._readers: dict[str, QueueWaitReader] = {}
+
+    def read(self, model: str) -> QueueReading | None:
+        reader = self._readers.get(model)
+        if reader is None:
+            reader = self._readers[model] = QueueWaitReader(model, self._server_pid, self._folder, self._clock)
+        return reader.read()
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

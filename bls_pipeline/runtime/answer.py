@@ -2,7 +2,9 @@
 the regions it looked at.
 
     answer = batch.answer()
-    answer.set(scores, "branch")            rows scores covers: their top-k, ROUTE <model>:branch
+    answer.set(scores, "branch")            rows scores covers: their top-k, ROUTE <model>:branch; the
+                                            optional rows its call skipped under overload keep
+                                            their answer, ROUTE <its model>:degraded
     answer.skip(rows, "route")              rows ended early: no labels, this ROUTE
     answer.output("NEEDS_REVIEW", flags)    an output the flow model's config.pbtxt declares, per row
     answer.attach(region_answer)            the answer of a batch.regions(...): REGION_* outputs
@@ -59,6 +61,9 @@ class Answer:
         self._sources: list = []  # batch.Scores
         self._source = np.full(size, self._UNANSWERED, dtype=np.int64)  # index into _sources, or a marker
         self._routes = np.full(size, b"", dtype=object)
+        # Rows an optional call skipped under overload, answered with that call's result:
+        # (stage, why, reason), and their answer's route says degraded (routes()).
+        self._degraded = np.full(size, None, dtype=object)
         self._outputs: dict[str, np.ndarray] = {}
         self._attached: list[Answer] = []
 
@@ -72,7 +77,9 @@ class Answer:
         return self._source == self._UNANSWERED
 
     def set(self, scores: Scores | None, branch: str) -> "Answer":
-        """Answer the rows `scores` covers with its labels; ROUTE "<model>:<branch>"."""
+        """Answer the rows `scores` covers with its labels; ROUTE "<model>:<branch>". The rows
+        its call skipped as optional under overload keep the answer they have (set before or
+        after), and its ROUTE becomes "<that model>:degraded", the reason in the JSON answer."""
         if scores is None:
             raise FlowError(f"Answer.set(None, {branch!r}): that call found no READY model; check for None before answering with it")
         if scores.size != self.size:
@@ -82,6 +89,9 @@ class Answer:
             self._source[scores.rows] = len(self._sources)
             self._sources.append(scores)
             self._routes[scores.rows] = f"{scores.source}:{branch}".encode()
+        for group in getattr(scores, "_skipped", ()):
+            for row, reason in zip(group.rows.tolist(), group.reasons.tolist()):
+                self._degraded[row] = (group.stage, group.why, reason)
         return self
 
     def skip(self, rows: Rows, route: str) -> "Answer":
@@ -152,7 +162,20 @@ class Answer:
         return dict(self._outputs)
 
     def routes(self) -> np.ndarray:
-        return self._routes
+        """Each row's ROUTE; a row answered degraded names the model whose answer stands."""
+        marked = np.flatnonzero(self._degraded != None)  # noqa: E711 - elementwise
+        if not len(marked):
+            return self._routes
+        routes = self._routes.copy()
+        for row in marked:
+            source = self._source[row]
+            if source >= 0:
+                routes[row] = f"{self._sources[source].source}:degraded".encode()
+        return routes
+
+    def degraded(self, row: int) -> tuple[str, str, str] | None:
+        """(the stage skipped, why, the reason) for a row answered degraded, else None."""
+        return self._degraded[row]
 
     def groups(self, rows: np.ndarray) -> list[tuple[np.ndarray, Scores | None]]:
         """`rows` split by where their answer came from: (positions within `rows`, Scores or

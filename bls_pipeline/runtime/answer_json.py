@@ -12,6 +12,8 @@ null); a key is there when the model declares the outputs it comes from:
      "class_ids": [504, 968],                         says why); SCORES; CLASS_IDS
      "outputs": {"TEXT": "..."},                    the flow's own outputs (answer.output): dims
                                                       [1] a value, others a list; bytes as text
+     "degraded": "overloaded: ...",                 an image answered degraded: why an optional
+                                                      stage was skipped (runtime; no tensor)
      "regions": [                                   with REGION_COUNT: the image's own regions,
        {"box": [92.5, 81.5, 384.5, 126.5],            not padded ([] when it has none); box
         "route": "text_orientation:upright",          x0, y0, x1, y1 in pixels of the image
@@ -67,7 +69,10 @@ def add_documents(results: list, declared: Mapping[str, Any], per_region: Collec
             made = {LABELS.name: result.labels, SCORES.name: result.scores, CLASS_IDS.name: result.class_ids,
                     ROUTE.name: result.routes, **result.outputs}
             tensors = {n: made[n] for n in declared if n in made and n != JSON.name}  # in the config's order
-            rows = [encode(d) for d in documents(tensors, dims, per_region)]
+            docs = documents(tensors, dims, per_region)
+            for doc, note in zip(docs, result.notes):
+                doc.update(note)
+            rows = [encode(d) for d in docs]
             results[r] = replace(result, outputs={**result.outputs, JSON.name: np.array(rows, dtype=object).reshape(-1, 1)})
 
 

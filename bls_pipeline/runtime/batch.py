@@ -45,6 +45,9 @@ class Classify:
     flip: bool = False  # feed the rows mirrored left-right (test-time augmentation)
     inputs: Inputs = None  # tensors for inputs other than the image, by name (or instead of it)
     rotate: int = 0  # 180: feed the rows upside down (a text line the flow found reversed)
+    # Rows the flow has answered already (True: all of them): skipped under overload, their
+    # answer marked degraded (RuntimeSettings.overload; admission.py).
+    optional: Rows | bool = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Infer:
     flip: bool = False
     inputs: Inputs = None
     rotate: int = 0
+    optional: Rows | bool = None
 
 
 class RunContext(Protocol):
@@ -119,18 +123,25 @@ class Batch:
         return Answer(self.size, self._run.declared)
 
     def classify(self, models: Models, rows: Rows = None, *, flip: bool = False, inputs: Inputs = None,
-                 rotate: int = 0) -> Scores | None:
+                 rotate: int = 0, optional: Rows | bool = None) -> Scores | None:
         """The first READY of `models` classifies `rows` (all when None): one batched call.
         None when no candidate is READY (or `models` is None: the role is off).
         inputs: tensors for the child's inputs by name, one entry per row (another call's
         outputs, or values the flow computed); the child's image input, if not named there,
-        gets the rows' pixels as usual. rotate=180 feeds the pixels upside down."""
-        return self.together(Classify(models, rows, flip, inputs, rotate))[0]
+        gets the rows' pixels as usual. rotate=180 feeds the pixels upside down.
+        optional: rows of `rows` the flow has answered already (True: all). Under overload
+        (the call would end after their deadline, or latency_target_ms after their arrival;
+        or the model refused the call for overload), the runtime skips them: the result does
+        not cover them (`.skipped` says which), and where the flow answers with it
+        (answer.set), their earlier answer stands, its ROUTE "<model>:degraded" and the
+        reason in the JSON answer. With the flow's `overload` set to "refuse", no row is
+        optional."""
+        return self.together(Classify(models, rows, flip, inputs, rotate, optional))[0]
 
     def infer(self, models: Models, rows: Rows = None, *, flip: bool = False, inputs: Inputs = None,
-              rotate: int = 0) -> Outputs | None:
+              rotate: int = 0, optional: Rows | bool = None) -> Outputs | None:
         """The first READY of `models` runs on `rows`: all its outputs. None as classify()."""
-        return self.together(Infer(models, rows, flip, inputs, rotate))[0]
+        return self.together(Infer(models, rows, flip, inputs, rotate, optional))[0]
 
     def regions(self, found: Outputs | None, *, margin: float = 0.0, min_size: float = 0.0,
                 min_score: float | None = None) -> "Regions":

@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
+from .admission import Skipped
 from .answer import numpy_dtype, triton_dtype
 from .children import ChildModel, TensorInfo
 from .device import Device
@@ -76,8 +77,11 @@ class Execution(Protocol):
     def send(self, requests: list[ChildRequest]) -> Sequence: ...
     def unready(self, role: str, candidates: tuple[str, ...], kind: str) -> None: ...
     def fail_call(self, image_rows: np.ndarray, error: ChildCallError) -> None: ...
-    def keep_waiting(self, image_rows: np.ndarray, stage: str) -> np.ndarray: ...
-    def timeout_for(self, image_rows: np.ndarray) -> float | None: ...
+    def keep_waiting(self, image_rows: np.ndarray, stage: str,
+                     optional: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    def pending(self, image_rows: np.ndarray) -> np.ndarray: ...
+    def degrades(self) -> bool: ...
+    def timeout_for(self, image_rows: np.ndarray, optional: np.ndarray | None = None) -> float | None: ...
 
 
 @dataclass
@@ -96,10 +100,16 @@ class _Plan:
     retry_until: float | None = None  # retrying: give up at this time (the router's clock)
     canary_of: str | None = None  # sent to a canary instead of this (stable) model
     no_canary: bool = False  # its canary failed: the stable model answers
+    optional: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # rows it may skip under overload
+    skipped: list[Skipped] = field(default_factory=list)  # optional rows it left out, and why
 
     @property
     def kind(self) -> str:
         return "classifier" if isinstance(self.call, Classify) else "model"
+
+    def optional_mask(self) -> np.ndarray:
+        """Which of its rows (now) it may skip."""
+        return np.isin(self.rows, self.optional)
 
 
 class Calls:
@@ -123,10 +133,13 @@ class Calls:
             rows = batch._sendable(_as_rows(batch.size, call.rows))
             if not candidates:
                 continue
+            plan = _Plan(i, call, candidates, rows)
             if len(rows) == 0:
-                results[i] = self._result(batch, _Plan(i, call, candidates, rows), None)
+                results[i] = self._result(batch, plan, None)
                 continue
-            todo.append(_Plan(i, call, candidates, rows))
+            if self._exec.degrades():
+                plan.optional = np.intersect1d(rows, _optional_rows(batch.size, call.optional))
+            todo.append(plan)
         while todo:
             sending, waiting = [], []
             for plan in todo:
@@ -137,8 +150,13 @@ class Calls:
                     plan.canary_of = None
                     if canary is not None:  # this call answered by the candidate instead
                         plan.canary_of, plan.model, plan.version = plan.model, canary.model, canary.version
-                    # No work for a client that has gone, nor for one whose time runs out first.
-                    plan.rows = plan.rows[self._exec.keep_waiting(batch._image_rows(plan.rows), plan.model)]
+                    # No work for a client that has gone, nor for one whose time runs out first;
+                    # optional rows that the call would answer too late keep their answer.
+                    keep, late, reasons = self._exec.keep_waiting(batch._image_rows(plan.rows), plan.model,
+                                                                   plan.optional_mask())
+                    if late.any():
+                        plan.skipped.append(Skipped(plan.rows[late], plan.model, "late", reasons[late]))
+                    plan.rows = plan.rows[keep]
                     if len(plan.rows) == 0:
                         results[plan.index] = self._result(batch, plan, None)
                         continue
@@ -286,8 +304,20 @@ class Calls:
     def _failed(self, batch: CallTarget, plan: _Plan, error: ChildCallError) -> Scores | Outputs:
         """A call that failed for good fails the requests with a row in it, and no others
         (Execution.fail_call); the flow goes on with the call's result on no rows, as for a
-        call whose requests all went away: their rows are out of every later call and answer."""
-        self._exec.fail_call(batch._image_rows(plan.rows), error)
+        call whose requests all went away: their rows are out of every later call and answer.
+        A temporary failure (the model refused the call for overload, or none took it in
+        time) skips its optional rows instead: their answer stands, degraded."""
+        rows = plan.rows
+        if error.temporary and len(plan.optional):
+            optional = plan.optional_mask() & self._exec.pending(batch._image_rows(rows))
+            if optional.any():
+                model = error.model or plan.model or plan.candidates[0]
+                reason = f"overloaded: {_first_line(str(error))}"
+                plan.skipped.append(Skipped(rows[optional], model, "busy",
+                                            np.full(int(optional.sum()), reason, dtype=object)))
+                rows = rows[~optional]
+        if len(rows):
+            self._exec.fail_call(batch._image_rows(rows), error)
         return self._result(batch, replace(plan, rows=plan.rows[:0]), None)
 
     # ---- one call's requests and what comes back ---------------------------------------------
@@ -314,7 +344,7 @@ class Calls:
         strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
         gpu = None if strings else device.gpu
         step = child.max_batch_size
-        timeout = self._exec.timeout_for(batch._image_rows(plan.rows))
+        timeout = self._exec.timeout_for(batch._image_rows(plan.rows), plan.optional_mask())
         return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu, plan.version,
                              timeout)
                 for i in range(0, len(plan.rows), step)]
@@ -357,10 +387,25 @@ class Calls:
             for o in child.outputs:
                 if o.name in values:
                     _check_output(child, o, values[o.name], len(plan.rows))
+        skipped = tuple(plan.skipped)
         if isinstance(plan.call, Classify):
             probs = device.probabilities(values[child.scores_output.name], child.scores)
-            return Scores(model, child.labels, batch.size, plan.rows, probs, device, plan.version if model else "")
-        return Outputs(model, batch.size, plan.rows, values, device)
+            return Scores(model, child.labels, batch.size, plan.rows, probs, device, plan.version if model else "", skipped)
+        return Outputs(model, batch.size, plan.rows, values, device, skipped)
+
+
+def _optional_rows(size: int, optional) -> np.ndarray:
+    """A call's `optional`: None or False, no row; True, every row; else rows of the batch."""
+    if optional is None or optional is False:
+        return np.empty(0, np.int64)
+    if optional is True:
+        return np.arange(size)
+    return _as_rows(size, optional)
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 # Triton's refusal of a request over the model's max_batch_size, as served now.

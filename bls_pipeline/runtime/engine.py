@@ -55,7 +55,7 @@ class FlowRuntime:
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  outputs: Sequence[TensorInfo] | None = None, keep_images: bool = False,
-                 batch_cap: int | None = None, queue_reading: Callable[[], QueueReading | None] | None = None):
+                 queued: bool = False, queue_readings: Callable[[str], QueueReading | None] | None = None):
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
@@ -86,10 +86,10 @@ class FlowRuntime:
         # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
         self.device: Device = device_for(device, self.pool)
         self.clock = clock
-        # The door (admission.py): what Triton measured of the queue (batch_cap None: no
-        # queue in front, as in LocalFlow), what an image costs, shedding on a standing queue
-        # past queue_delay_target_ms.
-        self.admission = Admission(batch_cap, runtime.queue_delay_target_ms / 1e3, clock, queue=queue_reading)
+        # The door (admission.py): what Triton measured of the queues (queued False: no queue
+        # in front, as in LocalFlow), what an image costs, the latency aim of requests that
+        # send no deadline.
+        self.admission = Admission(queued, runtime.latency_target_ms / 1e3, clock, queues=queue_readings, model=name)
         self.parameters: type[Parameters] = flow.parameters or Parameters
 
     def _take_children(self, children: dict[str, ChildModel]) -> None:
@@ -148,8 +148,8 @@ class FlowRuntime:
     def load(cls, model_dir: Path, params: dict[str, str], is_ready: Callable[..., bool], *, version: str = "1",
              instances: int = 1, name: str | None = None, check: bool = True, device: str | None = None,
              pin_versions: bool = False, outputs: Sequence[TensorInfo] | None = None,
-             batch_cap: int | None = None,
-             queue_reading: Callable[[], QueueReading | None] | None = None) -> "FlowRuntime":
+             queued: bool = False,
+             queue_readings: Callable[[str], QueueReading | None] | None = None) -> "FlowRuntime":
         """The flow in model_dir/<version>/flow.py with its settings from `params` and its
         child models' configs from the sibling folders (or their copies beside the flow:
         children.load_child); checked on a probe image. `device`: None to decode and score
@@ -157,10 +157,10 @@ class FlowRuntime:
         child's newest READY version by number (is_ready(model, version)), from the version
         folders beside it; a child whose folder is not there (a repository on S3, where
         Triton copies each model's folder alone) is called unpinned. outputs: the flow
-        model's outputs as served (default: its config.pbtxt's). batch_cap: the most
-        requests Triton hands one execute() from the queue it keeps in front of the flow (None:
-        no queue, as in LocalFlow); queue_reading: Triton's latest measurement of that queue
-        (admission.QueueReading; None, or a reading of None: unmeasured)."""
+        model's outputs as served (default: its config.pbtxt's). queued: Triton keeps a queue
+        in front of the flow (False: none, as in LocalFlow); queue_readings(model): Triton's
+        latest measurement of that model's queue, the flow's own and its children's
+        (admission.QueueReading; None: unmeasured)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
         runtime, settings = parse_settings(params, flow.settings, name)
@@ -176,7 +176,7 @@ class FlowRuntime:
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
         loaded = cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
-                     keep_images=uses_regions, batch_cap=batch_cap, queue_reading=queue_reading)
+                     keep_images=uses_regions, queued=queued, queue_readings=queue_readings)
         loaded.child_dirs = {m: child_folder(repo, m, Path(model_dir)) for m in children}
         return loaded
 
@@ -196,10 +196,11 @@ class FlowRuntime:
             at_door: Callable[[list], None] | None = None) -> tuple[list[Prediction | RequestError], Timings]:
         """One execute(). probe: health probes (the watchdog's), answered on the stable
         models alone: no shadow mirrors them, no canary answers them. at_door(results): told
-        the requests failed before any work (bad parameters, gone, shed: their RequestError,
-        None for the rest), so their clients can be answered now, not after the others' run."""
+        the requests failed before any work (bad parameters, gone, out of time: their
+        RequestError, None for the rest), so their clients can be answered now, not after the
+        others' run."""
         timings = Timings()
-        if probe:  # the watchdog's: never shed
+        if probe:  # the watchdog's: no deadline, no aim
             clock, reading = RequestClock.start(requests, self.clock(), 0.0, self.clock), None
         else:
             clock, reading = self.admission.open(requests)
@@ -208,7 +209,7 @@ class FlowRuntime:
         values = [self._read_parameters(r, res, timings) for r, res in zip(requests, results)]
         results = [v if isinstance(v, RequestError) else res for v, res in zip(values, results)]
         if not probe:
-            self.admission.admit(clock, results, timings, reading)
+            self.admission.admit(clock, results, timings)
         if at_door is not None and any(res is not None for res in results):
             at_door(list(results))
         run = Execution(self, requests, results, send, timings, probe=probe, clock=clock,
@@ -219,6 +220,9 @@ class FlowRuntime:
         finally:
             if not probe:
                 self.admission.close(sum(len(req.images) for req, res in zip(requests, results) if isinstance(res, Prediction)))
+        if not probe:  # answers whose client has gone meanwhile: wasted work, counted apart
+            now = self.clock()
+            timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now) for r, res in enumerate(results))
         if self.shadow is not None:
             timings.trials = self.shadow.drain()
         return results, timings  # type: ignore[return-value]

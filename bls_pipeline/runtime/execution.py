@@ -7,6 +7,7 @@ timed (calls.py plans them). What a Batch asks of its execute() (batch.RunContex
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec
 from . import hooks
-from .admission import RequestClock, drop
+from .admission import RequestClock, drop, late
 from .calls import Calls, ChildRequest, Send
 from .children import ChildModel
 from .errors import ChildCallError, FlowError
@@ -49,6 +50,7 @@ class Execution:
         # The last call that found no candidate READY: (its role, its candidates, its kind).
         self._unready: tuple[str, tuple[str, ...], str] | None = None
         self._trials = not probe
+        self._probe = probe
         self.preprocess_in_flow = 0.0
         images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
@@ -86,25 +88,73 @@ class Execution:
     def request_ids(self, image_rows: np.ndarray) -> np.ndarray:
         return np.array([self._requests[r].id for r in self.owners[image_rows]], dtype=object)
 
-    def keep_waiting(self, image_rows: np.ndarray, stage: str) -> np.ndarray:
+    def keep_waiting(self, image_rows: np.ndarray, stage: str,
+                     optional: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Before a stage (a child call on rows on these images): fail the requests whose client
-        has gone or whose deadline passed, and those whose time left cannot cover the stage;
-        the mask of the rows still wanted."""
+        has gone or whose deadline passed, and those whose time left cannot cover the stage
+        (admission.drop); of the `optional` rows (a mask; the flow has an answer for them),
+        skip those the stage would answer after their aim (admission.late) instead. The mask
+        of the rows to send, the mask of those skipped, and each skipped row's reason."""
         owners = self.owners[image_rows]
-        if len(owners):
-            requests, counts = np.unique(owners, return_counts=True)
-            drop(self._clock, self._results, self._timings, stage, self._runtime.clock(), self._images_of,
-                 carried=dict(zip(requests.tolist(), counts.tolist())), predicted=lambda n: self._costs.predict(stage, n))
+        n = len(owners)
+        skipped, reasons = np.zeros(n, dtype=bool), np.full(n, "", dtype=object)
+        if not n:
+            return np.ones(0, dtype=bool), skipped, reasons
+        optional = np.zeros(n, dtype=bool) if optional is None else optional
+        now = self._runtime.clock()
+        predicted = lambda k: self.predict(stage, k)  # noqa: E731
+        requests, counts = np.unique(owners[~optional], return_counts=True)
+        drop(self._clock, self._results, self._timings, stage, now, self._images_of,
+             carried=dict(zip(requests.tolist(), counts.tolist())), predicted=predicted)
+        alive = self.pending(image_rows)
+        maybe = optional & alive
+        if maybe.any():
+            sent_anyway = alive & ~optional
+            # The call must still end in time for the rows it sends anyway.
+            bound = float(self._clock.time_left(now)[owners[sent_anyway]].min()) if sent_anyway.any() else math.inf
+            requests, counts = np.unique(owners[maybe], return_counts=True)
+            too_late = late(self._clock, now, dict(zip(requests.tolist(), counts.tolist())), int(sent_anyway.sum()),
+                            bound, predicted)
+            skipped = maybe & np.isin(owners, too_late)
+            if skipped.any():
+                need = predicted(int(alive.sum() - skipped.sum()) + 1)
+                wait = self._runtime.admission.queue_wait(stage)
+                left = self._clock.aim_left(now)
+                for i in np.flatnonzero(skipped):
+                    r = int(owners[i])
+                    aim = "deadline" if math.isfinite(self._clock.deadlines[r]) else \
+                        f"latency_target_ms={self._runtime.runtime.latency_target_ms:g}"
+                    reasons[i] = (f"overloaded: this request's {aim} had passed before {stage} (by {-left[r] * 1e3:.0f} ms)"
+                                  if left[r] <= 0 else
+                                  f"overloaded: {stage} would answer in about {need * 1e3:.0f} ms (its queue "
+                                  f"{wait * 1e3:.0f} ms as Triton measured it), and {left[r] * 1e3:.0f} ms were left of "
+                                  f"this request's {aim}")
+        return alive & ~skipped, skipped, reasons
+
+    def pending(self, image_rows: np.ndarray) -> np.ndarray:
+        """Which of these rows belong to requests not failed yet."""
+        owners = self.owners[image_rows]
         return np.fromiter((self._results[r] is None for r in owners), dtype=bool, count=len(owners))
+
+    def degrades(self) -> bool:
+        """Whether optional rows are skipped under overload (overload: degrade) rather than run."""
+        return self._runtime.runtime.overload == "degrade" and not self._probe
+
+    def predict(self, stage: str, rows: int) -> float:
+        """Seconds a call of `rows` rows to `stage` (a child) takes now: the wait Triton last
+        measured in its queue, and its own time per image, as measured here."""
+        return self._runtime.admission.queue_wait(stage) + self._costs.predict(stage, rows)
 
     def drop_gone(self, stage: str) -> None:
         """Fail the pending requests whose client has gone or whose deadline passed."""
         drop(self._clock, self._results, self._timings, stage, self._runtime.clock(), self._images_of)
 
-    def timeout_for(self, image_rows: np.ndarray) -> float | None:
+    def timeout_for(self, image_rows: np.ndarray, optional: np.ndarray | None = None) -> float | None:
         """What a child call on these rows may take at most: the most time left among their
-        requests (None: one has no deadline)."""
+        requests, counting an optional row's aim (None: one has neither a deadline nor an aim)."""
         left = self.time_left(image_rows)
+        if optional is not None and optional.any():
+            left = np.where(optional, self._clock.aim_left()[self.owners[image_rows]], left)
         return None if len(left) == 0 or not np.isfinite(left).all() else max(float(left.max()), 1e-6)
 
     def _images_of(self, r: int) -> int:
@@ -227,6 +277,9 @@ class Execution:
     def send(self, requests: list[ChildRequest]):
         if not requests:
             return []
+        # What each child's queue made calls wait, as Triton last measured it: the rest of a
+        # call's time is the child's own work.
+        waits = {req.model: self._runtime.admission.queue_wait(req.model) for req in requests}
         t0 = time.perf_counter()
         with hooks.stage("child_calls"):
             replies = list(self.transport(requests))
@@ -241,6 +294,8 @@ class Execution:
             stats.images += images
             stats.seconds += elapsed
             sent[req.model] = sent.get(req.model, 0) + images
-        for model, images in sent.items():  # sent together: each is charged the whole wait
-            self._costs.observe(model, elapsed, images)
+        for model, images in sent.items():  # sent together: each is charged the whole time
+            # A call that mostly waited says little of the child's own work: not counted.
+            if waits[model] < elapsed / 2:
+                self._costs.observe(model, elapsed - waits[model], images)
         return replies

@@ -76,11 +76,12 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
         route = routes[rows].reshape(-1, 1)
         for value in route[:, 0]:
             timings.count(timings.routes, value.decode())
+        notes = _notes(answer, rows, timings)
         outputs = {name: values[rows] for name, values in answer.outputs.items()}
         if regions:
             outputs.update(_region_outputs(rows, regions, table.k))
         results[r] = Prediction(table.labels, table.scores, table.class_ids, route,
-                                {n: v for n, v in outputs.items() if n in declared})
+                                {n: v for n, v in outputs.items() if n in declared}, notes)
     # Each image's answer as one JSON document, from these outputs, for the requests asking for it.
     asking = [r for r, req in enumerate(requests) if req.outputs is None or JSON.name in req.outputs]
     if JSON.name in declared and asking:
@@ -88,6 +89,18 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
         add_documents(documented, declared, {name for part in attached for name in part.outputs})
         for r, result in zip(asking, documented):
             results[r] = result
+
+
+def _notes(answer: Answer, rows: np.ndarray, timings: Timings) -> tuple[dict[str, str], ...]:
+    """Per image, what its JSON answer says beside its outputs: why it was answered degraded;
+    () when none was. Degraded images are counted per stage skipped and why."""
+    marks = [answer.degraded(int(row)) for row in rows]
+    if not any(marks):
+        return ()
+    for mark in marks:
+        if mark is not None:
+            timings.count(timings.degraded, mark[:2])
+    return tuple({"degraded": mark[2]} if mark is not None else {} for mark in marks)
 
 
 def _region_outputs(rows: np.ndarray, regions: list, k: int) -> dict[str, np.ndarray]:

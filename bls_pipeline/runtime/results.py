@@ -17,7 +17,7 @@ __all__ = ["BAD_INPUT", "BROKEN", "CANCELLED", "ChildStats", "ImageRequest", "Pr
 # client reads it.
 BAD_INPUT = "INVALID_ARGUMENT"  # the request itself: an undecodable image, a bad TOPK, too many regions
 BROKEN = "INTERNAL"  # a part of the deployment: a child breaking its contract, a flow that raised
-UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, the server draining or shedding
+UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, a deadline too short, the server draining
 CANCELLED = "CANCELLED"  # the client went away
 CODES = (BAD_INPUT, BROKEN, UNAVAILABLE, CANCELLED)
 
@@ -78,6 +78,8 @@ class Prediction:
     # The flow model's other outputs, by name, batch first: REGION_* (contract.py) and the
     # flow's own (answer.output), as its config.pbtxt declares them.
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # Per image, what its JSON answer says beside the outputs ({"degraded": why}); () for none.
+    notes: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass
@@ -97,10 +99,15 @@ class Timings:
     routes: dict[str, int] = field(default_factory=dict)
     rejected: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> images
     # Images of requests dropped before they finished, (why, stage, code) -> images: why is
-    # cancelled, expired, no_time or shed (admission.py), stage where it happened (admission,
+    # cancelled, expired or no_time (admission.py), stage where it happened (admission,
     # decode, a child model's name).
     dropped: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # Images answered degraded, (stage, why) -> images: the optional stage (a child model)
+    # skipped under overload, why: late (it would have answered after their aim) or busy (it
+    # refused the call).
+    degraded: dict[tuple[str, str], int] = field(default_factory=dict)
     queue_wait_s: float | None = None  # the longest a request of this run may have waited in the queue (admission.py)
+    answered_gone: int = 0  # requests answered after their client had gone (asked as the run ended)
     rejected_requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> requests
     children: dict[str, ChildStats] = field(default_factory=dict)
     trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run

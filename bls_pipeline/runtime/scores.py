@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .admission import Skipped
 from .device import HOST, Device
 from .errors import FlowError
 from .rows import Rows, _as_rows, _mask, _spread
@@ -28,10 +29,11 @@ class Scores:
     """
 
     def __init__(self, model: str | None, labels: tuple[str, ...], size: int, rows: np.ndarray, probs,
-                 device: Device = HOST, version: str = ""):
+                 device: Device = HOST, version: str = "", skipped: tuple[Skipped, ...] = ()):
         self.model, self.labels, self.size, self.rows, self.version = model, labels, size, rows, version
         self._probs = probs  # (len(rows), classes) float32, on `device` (numpy, or a tensor)
         self._device = device
+        self._skipped = skipped  # optional rows the call left out under overload, and why
 
     def __repr__(self) -> str:
         return f"Scores({self.source!r}, {len(self.rows)} of {self.size} rows, {len(self.labels)} classes)"
@@ -48,6 +50,11 @@ class Scores:
     def covered(self) -> np.ndarray:
         """Boolean mask of the rows this call answered."""
         return _mask(self.size, self.rows)
+
+    @property
+    def skipped(self) -> np.ndarray:
+        """Boolean mask of the optional rows this call left out under overload."""
+        return _skipped_mask(self.size, self._skipped)
 
     @property
     def probs(self) -> np.ndarray:
@@ -71,9 +78,10 @@ class Scores:
 
     def __getitem__(self, rows: Rows) -> "Scores":
         """These rows only (those this call covered)."""
-        keep = np.isin(self.rows, _as_rows(self.size, rows))
+        picked = _as_rows(self.size, rows)
+        keep = np.isin(self.rows, picked)
         return Scores(self.model, self.labels, self.size, self.rows[keep], self._device.take(self._probs, np.flatnonzero(keep)),
-                      self._device, self.version)
+                      self._device, self.version, _skipped_within(self._skipped, picked))
 
     def mean(self, other: "Scores") -> "Scores":
         """The average of two answers' probabilities, on the rows both cover. Its model is
@@ -105,11 +113,12 @@ class Outputs:
     """Any model's outputs for some rows: `outputs["NAME"]` is that output, one entry per row."""
 
     def __init__(self, model: str | None, size: int, rows: np.ndarray, values: dict[str, np.ndarray],
-                 device: Device = HOST):
+                 device: Device = HOST, skipped: tuple[Skipped, ...] = ()):
         self.model, self.size, self.rows = model, size, rows
         self._values = values  # on the device (numpy on the host)
         self._device = device
         self._host: dict[str, np.ndarray] = {}
+        self._skipped = skipped
 
     def __repr__(self) -> str:
         return f"Outputs({self.model!r}, {len(self.rows)} of {self.size} rows, {sorted(self._values)})"
@@ -121,6 +130,11 @@ class Outputs:
     @property
     def covered(self) -> np.ndarray:
         return _mask(self.size, self.rows)
+
+    @property
+    def skipped(self) -> np.ndarray:
+        """Boolean mask of the optional rows this call left out under overload."""
+        return _skipped_mask(self.size, self._skipped)
 
     def _check(self, name: str) -> None:
         if name not in self._values:
@@ -141,3 +155,20 @@ class Outputs:
         """That output as a Column, to feed another child's input without a copy."""
         self._check(name)
         return Column(self.model, name, self.size, self.rows, self._values[name])
+
+
+def _skipped_mask(size: int, skipped: tuple[Skipped, ...]) -> np.ndarray:
+    mask = np.zeros(size, dtype=bool)
+    for group in skipped:
+        mask[group.rows] = True
+    return mask
+
+
+def _skipped_within(skipped: tuple[Skipped, ...], rows: np.ndarray) -> tuple[Skipped, ...]:
+    """The skipped rows among `rows`, each with its reason."""
+    out = []
+    for group in skipped:
+        keep = np.isin(group.rows, rows)
+        if keep.any():
+            out.append(Skipped(group.rows[keep], group.stage, group.why, group.reasons[keep]))
+    return tuple(out)

@@ -59,11 +59,14 @@ class RuntimeSettings:
     # Children this flow runs in its own process (CPU engine models beside it; in_process.py):
     # no BLS hop to them, Triton's own statistics and traces of them see none of these calls.
     run_in_process: tuple[str, ...] = ()
-    # Shedding for clients that give no deadline (admission.py): on a standing queue (Triton
-    # measured every window's mean wait over an interval above this, and execute()s come
-    # full), each execute() answers the newest it can finish within it, counting the wait, and
-    # refuses the rest at once (503), until an execute() comes short of full. 0: off.
-    queue_delay_target_ms: float = 0.0
+    # What an optional stage (a call's `optional` rows: the flow has an answer for them) does
+    # when it would end after a row's aim (admission.py): "degrade" skips it for that row, whose
+    # answer stands, marked degraded; "refuse" runs it, and refuses rows whose own deadline it
+    # cannot meet (503), as for any stage.
+    overload: str = "degrade"
+    # A request that sends no deadline aims to be answered within this many ms of its arrival:
+    # an optional stage that would end later is skipped for it (never a refusal). 0: no aim.
+    latency_target_ms: float = 0.0
     decode: DecodePolicy = DecodePolicy()
 
 
@@ -75,6 +78,12 @@ _DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_s
 _SHARE_KEYS = ("shadow_share", "canary_share")
 RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"]
                             + list(_DECODE_KEYS) + list(_SHARE_KEYS)))
+# Keys an earlier release read, and what to write instead.
+REMOVED_KEYS = {
+    "queue_delay_target_ms": "a flow no longer refuses requests on its queue's wait (Triton's max_queue_size bounds "
+                             "the queue); for a latency aim that degrades optional stages instead, write "
+                             "latency_target_ms (docs/reliability.md, \"Overload and deadlines\")",
+}
 # Parameters Triton's python backend reads itself (the model's execution environment:
 # bls-pack-env writes it): neither the runtime's nor a flow's, so no setting of theirs.
 BACKEND_KEYS = ("EXECUTION_ENV_PATH",)
@@ -106,6 +115,19 @@ def _as_bool(key: str, raw: str) -> bool:
     if value not in ("true", "false", "1", "0", "yes", "no"):
         raise ConfigError(f"parameter {key}={raw!r}: write true or false")
     return value in ("true", "1", "yes")
+
+
+OVERLOAD_CHOICES = ("degrade", "refuse")
+
+
+def _as_choice(choices: tuple[str, ...]):
+    def parse(key: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ConfigError(f"parameter {key}={raw!r}: write one of {', '.join(choices)}")
+        return value
+
+    return parse
 
 
 def _as_names(key: str, raw: str, example: str) -> tuple[str, ...]:
@@ -150,7 +172,8 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
         log_executions=get("log_executions", _as_bool, d.log_executions),
         run_in_process=get("run_in_process", _model_names, d.run_in_process),
-        queue_delay_target_ms=get("queue_delay_target_ms", lambda k, v: _as_float(k, v, 0.0, 600_000.0), d.queue_delay_target_ms),
+        overload=get("overload", _as_choice(OVERLOAD_CHOICES), d.overload),
+        latency_target_ms=get("latency_target_ms", lambda k, v: _as_float(k, v, 0.0, 600_000.0), d.latency_target_ms),
         decode=DecodePolicy(
             max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
             max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),
@@ -309,6 +332,9 @@ def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None,
     known = sorted(set(RUNTIME_KEYS) | set(flow_settings.keys()))
     params = {k: v for k, v in params.items() if k not in BACKEND_KEYS and k != RELOAD_KEY}
     unknown = sorted(set(params) - set(known))
+    for key in unknown:
+        if key in REMOVED_KEYS:
+            raise ConfigError(f"model {model}: parameter {key} is gone: {REMOVED_KEYS[key]}")
     if unknown:
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for model {model}; known: {', '.join(known)}")
     try:

@@ -4,9 +4,7 @@ Triton's statistics extension counts, per model, how many requests left its queu
 long they waited there in all (`inference_stats.queue`: each request's wait, from its arrival
 to the start of its execute(), reported once it is answered). The difference between two
 readings is what the requests of that window waited on average: a measured wait, not a
-bound. QueueWindows turns the readings into admission.QueueReading (the latest window's mean,
-and the lowest window mean over the last INTERVAL_S, CoDel's test of a standing queue);
-QueueMonitor polls tritonserver and writes them where the flows read them
+bound. QueueWindows turns the readings into admission.QueueReading; QueueMonitor polls tritonserver and writes them where the flows read them
 (adapter/queue_waits.py). One GET of every model's statistics per poll, on a kept-alive
 connection."""
 
@@ -17,51 +15,33 @@ import json
 import logging
 import threading
 import time
-from collections import deque
 from typing import Callable
 
 from ..adapter.queue_waits import QueueWaitWriter
 from ..runtime.admission import QueueReading
 
-__all__ = ["INTERVAL_S", "POLL_S", "QueueMonitor", "QueueWindows"]
+__all__ = ["POLL_S", "QueueMonitor", "QueueWindows"]
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # one window
-# How long every window's mean must stay over the target for the queue to count as standing:
-# several windows, so that one slow execute() (a window of long waits) never makes it so.
-INTERVAL_S = 0.5
 
 
 class QueueWindows:
-    """Cumulative (count, wait ns) per model in, QueueReading out. A window in which no request
-    left the queue says nothing of it (an execute() still running): it is skipped, not read as
-    no wait."""
+    """Cumulative (count, wait ns) per model in, QueueReading out: the mean wait of the
+    requests that left the queue since the last reading. A window in which no request left
+    the queue says nothing of it (an execute() still running): the last reading stands, and
+    grows stale (QueueReading.fresh)."""
 
-    def __init__(self, interval_s: float = INTERVAL_S):
-        self.interval_s = interval_s
+    def __init__(self):
         self._last: dict[str, tuple[int, int]] = {}
-        self._since: dict[str, float] = {}  # when each model was first read: an interval needs that long
-        self._windows: dict[str, deque[tuple[float, float, int]]] = {}  # (at, mean wait s, requests)
 
     def add(self, model: str, now: float, count: int, wait_ns: int) -> QueueReading | None:
         last = self._last.get(model)
         self._last[model] = (count, wait_ns)
-        if last is None or count < last[0]:  # first reading, or the model was loaded anew
-            self._since[model] = now
-            self._windows[model] = deque()
+        if last is None or count <= last[0]:  # first reading, nobody left the queue, or loaded anew
             return None
-        windows = self._windows[model]
-        if count > last[0]:
-            windows.append((now, (wait_ns - last[1]) / 1e9 / (count - last[0]), count - last[0]))
-        while windows and windows[0][0] < now - self.interval_s:
-            windows.popleft()
-        if not windows:
-            return None
-        at, wait_s, requests = windows[-1]
-        # Standing only once the model was watched for a whole interval: its lowest window mean.
-        standing = min(w for _, w, _ in windows) if now - self._since[model] >= self.interval_s else 0.0
-        return QueueReading(at=at, wait_s=wait_s, standing_s=standing, requests=requests, interval_s=self.interval_s)
+        return QueueReading(at=now, wait_s=(wait_ns - last[1]) / 1e9 / (count - last[0]), requests=count - last[0])
 
 
 def queue_totals(stats: dict) -> dict[str, tuple[int, int]]:

@@ -10,6 +10,7 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+import polling
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -26,19 +27,7 @@ CURRENT_S = 1.0
 
 
 def scrape(server, metric: str, model: str) -> dict[str, float]:
-    """{label value that is not model/instance: value summed over instances} for one metric."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    out: dict[str, float] = defaultdict(float)
-    for line in text.splitlines():
-        m = re.match(rf"^{metric}\{{(.*)\}} (\S+)$", line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if labels.get("model") != model:
-            continue
-        key = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("model", "instance"))
-        out[key] += float(m.group(2))
-    return dict(out)
+    return polling.scrape(server.metrics_url, metric, model)
 
 
 def test_custom_metrics_count_routes_rejections_and_time(server, sample_images):
@@ -253,7 +242,8 @@ def test_watchdog_probes_are_not_counted_as_users_traffic(model_repo, server_fac
         assert scrape(server, "bls_images_total", "triage_bls") == {"route=image_quality:blank": 2.0}
         assert scrape(server, "bls_executions_total", "triage_bls") == {"": 2.0}
         # Every code's series there from the load on, the probes in none.
-        assert scrape(server, "bls_requests_total", "triage_bls") == {**{f"code={c}": 0.0 for c in CODES}, "code=OK": 2.0}
+        assert scrape(server, "bls_requests_total", "triage_bls") == {**{f"code={c}": 0.0 for c in CODES}, "code=GONE": 0.0,
+                                                                       "code=OK": 2.0}
         assert _triton_count(server, "nv_inference_request_success", "triage_bls") >= 8
     finally:
         server.stop()

@@ -59,10 +59,8 @@ def slow(inputs):
 
 def _flow(repo: Path, shipped: Path, name: str, max_queue_size: int | None = None) -> None:
     shutil.copytree(shipped / "classify_bls", repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    # No shedding for queue delay: the only refusals here are Triton's queue's.
     config = text_format.Parse(config_variant(shipped / "classify_bls", name, {
-        "cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": "none",
-        "queue_delay_target_ms": "0"}), ModelConfig())
+        "cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": "none"}), ModelConfig())
     config.instance_group[0].count = 1
     if max_queue_size is not None:
         config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size

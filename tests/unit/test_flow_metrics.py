@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bls_pipeline.adapter.metrics import OutcomeSummary, series
+from bls_pipeline.adapter.metrics import OutcomeSummary, series, zero_series
 from bls_pipeline.runtime.results import RequestError, Timings
 
 
@@ -45,6 +45,39 @@ def test_any_reason_and_code_recorded_through_reject_reaches_the_series():
     assert _value(counts, "requests", code="CANCELLED") == 1
     assert _value(counts, "rejected_requests", reason="cancelled", code="CANCELLED") == 1
     assert _value(counts, "rejected", reason="cancelled", code="CANCELLED") == 2
+
+
+def test_an_answer_whose_client_had_gone_is_counted_apart_from_ok():
+    counts = series(Timings(), answered=5, gone=2)
+    assert _value(counts, "requests", code="OK") == 3 and _value(counts, "requests", code="GONE") == 2
+
+
+def test_degraded_images_are_counted_by_the_stage_skipped_and_why():
+    timings = Timings()
+    timings.count(timings.degraded, ("resnet50_onnx", "late"), 3)
+    timings.count(timings.degraded, ("resnet50_onnx", "busy"))
+    counts = series(timings, answered=4)
+    assert _value(counts, "degraded", stage="resnet50_onnx", why="late") == 3
+    assert _value(counts, "degraded", stage="resnet50_onnx", why="busy") == 1
+
+
+def test_every_series_an_alert_reads_exists_at_zero_from_the_load():
+    """A series that appears at its first count shows no increase in Prometheus: each code, and
+    each way a request is dropped or an image degraded at the door and at each child, start at 0."""
+    keys = set(zero_series(("efficientnet_lite0_int8", "resnet50_onnx")))
+    for code in ("OK", "GONE", "INVALID_ARGUMENT", "INTERNAL", "UNAVAILABLE", "CANCELLED"):
+        assert ("requests", ("code", code)) in keys
+    for stage in ("admission", "efficientnet_lite0_int8", "resnet50_onnx"):
+        assert ("dropped", ("code", "UNAVAILABLE"), ("stage", stage), ("why", "expired")) in keys
+        assert ("dropped", ("code", "CANCELLED"), ("stage", stage), ("why", "cancelled")) in keys
+    assert ("degraded", ("stage", "resnet50_onnx"), ("why", "late")) in keys
+    assert ("degraded", ("stage", "admission"), ("why", "late")) not in keys  # the door degrades nothing
+    # Every key is one series() makes: the same families and labels.
+    timings = Timings()
+    timings.count(timings.degraded, ("resnet50_onnx", "busy"))
+    timings.count(timings.dropped, ("no_time", "admission", "UNAVAILABLE"))
+    timings.reject(RequestError("x", "no_time", "UNAVAILABLE"), 1)
+    assert set(series(timings, answered=1)) <= keys
 
 
 def _execute(answered: int = 0, **failed: tuple[str, int]) -> dict:

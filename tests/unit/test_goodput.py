@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.adapter.queue_waits import QueueWaitReader, QueueWaitWriter
+from bls_pipeline.adapter.queue_waits import QueueWaits, QueueWaitWriter
 from bls_pipeline.flow import LocalFlow, Probability, RequestFailed
 from bls_pipeline.runtime.admission import Admission, Costs, QueueReading
 from bls_pipeline.runtime.results import Timings
@@ -47,7 +47,7 @@ def classifier(klass: int, sure: float = 20.0, sleep_s: float = 0.0, log: list |
     return fn
 
 
-def cascade(cheap_sure: float = 20.0, cheap_sleep: float = 0.0, log: list | None = None, **extra) -> LocalFlow:
+def cascade(cheap_sure: float = 20.0, cheap_sleep: float = 0.0, log: list | None = None, **extra: str) -> LocalFlow:
     models = {"efficientnet_lite0_onnx": classifier(504, cheap_sure, cheap_sleep, log, "cheap"),
               "resnet50_onnx": classifier(967, log=log, name="main")}
     return LocalFlow(MODELS / "classify_bls", models, parameters={**CASCADE, **extra})
@@ -214,14 +214,62 @@ def test_a_cancelled_request_does_no_work_and_one_cancelled_midway_stops_there()
     assert log == [("cheap", 2), ("main", 1)]
 
 
-def test_a_request_that_cannot_finish_in_time_is_refused_before_the_call_that_would_overrun():
-    with cascade(cheap_sure=0.0, cheap_sleep=0.05) as flow:
+def test_a_request_that_cannot_finish_in_time_is_refused_before_a_stage_it_needs():
+    with cascade(cheap_sure=0.0, cheap_sleep=0.05, overload="refuse") as flow:
         flow.run([ImageRequest([photo()])])  # measured once: the main model's time per image
         flow.runtime.admission.costs.observe("resnet50_onnx", 10.0, 1)  # ... now about 2 s an image (a moving average)
         (short, none), _ = flow.run([ImageRequest([photo()], timeout_s=0.5), ImageRequest([photo()])])
     assert isinstance(short, RequestError) and short.reason == "no_time" and short.code == UNAVAILABLE
     assert "ms left of its deadline" in short.message and "resnet50_onnx takes about" in short.message
-    assert isinstance(none, Prediction)
+    assert isinstance(none, Prediction)  # no deadline: never refused for time
+
+
+def test_an_optional_stage_too_slow_for_a_deadline_is_skipped_and_the_cheap_answer_stands_degraded():
+    log: list = []
+    with cascade(cheap_sure=0.0, cheap_sleep=0.05, log=log) as flow:  # classify_bls as shipped: overload "degrade"
+        flow.run([ImageRequest([photo()])])
+        flow.runtime.admission.costs.observe("resnet50_onnx", 10.0, 1)
+        log.clear()
+        (short, none, direct), timings = flow.run([ImageRequest([photo()], timeout_s=0.5), ImageRequest([photo()]),
+                                                   ImageRequest([photo()], timeout_s=0.5, parameters={"skip_cascade": True})])
+    assert short.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
+    why = short.notes[0]["degraded"]
+    assert why.startswith("overloaded: resnet50_onnx would answer in about ") and "were left of this request's deadline" in why
+    # No deadline: it aims at classify_bls's latency_target_ms (400), which 2 s would pass too.
+    assert none.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
+    assert "were left of this request's latency_target_ms=400" in none.notes[0]["degraded"]
+    # It asked for the main model: not optional, so refused for time as any needed stage.
+    assert isinstance(direct, RequestError) and direct.reason == "no_time"
+    assert log == [("cheap", 2)]
+    assert timings.degraded == {("resnet50_onnx", "late"): 2}
+
+
+def test_a_request_without_a_deadline_aims_at_the_latency_target_and_is_degraded_past_it_never_refused():
+    with cascade(cheap_sure=0.0, latency_target_ms="300") as flow:
+        flow.run([ImageRequest([photo()])])
+        flow.runtime.admission.costs.observe("resnet50_onnx", 0.1, 1)  # fast on its own ...
+        assert flow.classify([photo()]).routes[0, 0] == b"resnet50_onnx:escalated"
+        # ... but its queue, as Triton measured it, holds calls for 0.5 s now
+        flow.runtime.admission.queues = lambda model: QueueReading(time.monotonic(), 0.5, 4) if model == "resnet50_onnx" else None
+        got = flow.classify([photo()])
+        assert got.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
+        assert "(its queue 500 ms as Triton measured it)" in got.notes[0]["degraded"]
+        assert "of this request's latency_target_ms=300" in got.notes[0]["degraded"]
+        flow.runtime.admission.queues = lambda model: QueueReading(time.monotonic() - 5, 0.5, 4)  # stale: unknown again
+        assert flow.classify([photo()]).routes[0, 0] == b"resnet50_onnx:escalated"
+    with cascade(cheap_sure=0.0, latency_target_ms="300", overload="refuse") as flow:  # refuse: run it, late or not
+        flow.runtime.admission.queues = lambda model: QueueReading(time.monotonic(), 5.0, 4)
+        assert flow.classify([photo()]).routes[0, 0] == b"resnet50_onnx:escalated"
+
+
+def test_optional_rows_never_make_a_call_late_for_the_rows_it_must_send():
+    with cascade(cheap_sure=0.0) as flow:
+        flow.run([ImageRequest([photo()])])
+        flow.runtime.admission.costs.observe("resnet50_onnx", 1.0, 1)  # about 0.2 s an image
+        needed = ImageRequest([photo()] * 2, timeout_s=0.9, parameters={"skip_cascade": True})  # 2 images: ~0.4 s
+        (direct, optional), _ = flow.run([needed, ImageRequest([photo()] * 4)])  # 4 more would make it ~1.2 s
+    assert direct.routes[:, 0].tolist() == [b"resnet50_onnx:direct"] * 2
+    assert optional.routes[:, 0].tolist() == [b"efficientnet_lite0_onnx:degraded"] * 4
 
 
 def test_child_calls_carry_the_time_their_requests_have_left():
@@ -246,24 +294,18 @@ def test_local_flow_takes_a_deadline():
         assert flow.classify([photo()], timeout_s=10).routes[0, 0] == b"resnet50_onnx:escalated"
 
 
-# ---- the door: Triton's measured queue, costs, shedding ---------------------------------------------
-def reading(now, wait_s, standing_s=None, requests=20, age=0.05):
-    return QueueReading(at=now - age, wait_s=wait_s, standing_s=wait_s if standing_s is None else standing_s,
-                        requests=requests, interval_s=0.5)
+# ---- the door: Triton's measured queue, costs ----------------------------------------------------
+def reading(now, wait_s, requests=20, age=0.05):
+    return QueueReading(at=now - age, wait_s=wait_s, requests=requests)
 
 
 def test_queue_windows_turn_triton_statistics_into_measured_waits():
-    windows = QueueWindows(interval_s=0.5)
+    windows = QueueWindows()
     assert windows.add("m", 10.0, count=100, wait_ns=0) is None  # the first reading: nothing to difference
     got = windows.add("m", 10.1, count=110, wait_ns=int(3e9))  # 10 requests left the queue, 3 s of waits
-    assert got.wait_s == pytest.approx(0.3) and got.requests == 10
-    assert got.standing_s == 0.0  # watched for 0.1 s only: no interval yet, nothing stands
-    assert windows.add("m", 10.2, count=110, wait_ns=int(3e9)).wait_s == pytest.approx(0.3)  # none left: no news
-    for i in range(5):
-        got = windows.add("m", 10.3 + 0.1 * i, count=120 + 10 * i, wait_ns=int(3e9 + (i + 1) * 4e9))  # 0.4 s each
-    assert got.wait_s == pytest.approx(0.4) and got.standing_s == pytest.approx(0.4)  # the 0.3 s window is past
-    got = windows.add("m", 10.8, count=170, wait_ns=int(23e9 + 0.5e9))  # one window of short waits (0.05 s)
-    assert got.wait_s == pytest.approx(0.05) and got.standing_s == pytest.approx(0.05)  # no longer standing
+    assert (got.at, got.wait_s, got.requests) == (10.1, pytest.approx(0.3), 10)
+    assert windows.add("m", 10.2, count=110, wait_ns=int(3e9)) is None  # none left: no news (the last one grows stale)
+    assert windows.add("m", 10.3, count=112, wait_ns=int(3.1e9)).wait_s == pytest.approx(0.05)
     assert windows.add("m", 10.9, count=5, wait_ns=0) is None  # counts went back: loaded anew, start over
     assert queue_totals({"model_stats": [
         {"name": "m", "version": "1", "inference_stats": {"queue": {"count": 3, "ns": 30}}},
@@ -273,24 +315,28 @@ def test_queue_windows_turn_triton_statistics_into_measured_waits():
 
 def test_queue_readings_reach_the_instances_through_shared_memory(tmp_path):
     clock = FakeClock()
-    reader = QueueWaitReader("classify_bls", server_pid=7, folder=tmp_path, clock=clock)
-    assert reader.read() is None  # bls-serve wrote nothing (or runs nowhere): unmeasured
+    readers = QueueWaits(server_pid=7, folder=tmp_path, clock=clock)
+    assert readers.read("classify_bls") is None  # bls-serve wrote nothing (or runs nowhere): unmeasured
     writer = QueueWaitWriter(server_pid=7, folder=tmp_path)
-    writer.write("classify_bls", reading(50.0, 0.25, 0.2, requests=12))
-    assert reader.read() is None  # a reader looks for a missing file again only after a second
+    writer.write("classify_bls", reading(50.0, 0.25, requests=12))
+    assert readers.read("classify_bls") is None  # a reader looks for a missing file again only after a second
     clock.now += 1.0
-    got = reader.read()
-    assert (got.wait_s, got.standing_s, got.requests, got.interval_s) == (0.25, 0.2, 12, 0.5)
+    got = readers.read("classify_bls")
+    assert (got.wait_s, got.requests) == (0.25, 12)
     writer.write("classify_bls", reading(51.0, 0.5))
-    assert reader.read().wait_s == 0.5  # mapped: every write is seen at once
-    assert QueueWaitReader("other", server_pid=7, folder=tmp_path, clock=clock).read() is None  # one per model
+    assert readers.read("classify_bls").wait_s == 0.5  # mapped: every write is seen at once
+    assert readers.read("resnet50_onnx") is None  # one file per model
+    writer.write("resnet50_onnx", reading(51.0, 0.1))
+    clock.now += 1.0
+    assert readers.read("resnet50_onnx").wait_s == 0.1
+    readers.close()
     writer.close()
     assert not list(tmp_path.iterdir())  # bls-serve removes what it made
 
 
 def test_a_stale_or_empty_reading_is_no_measurement():
     assert reading(100.0, 0.3).fresh(100.0)
-    assert not reading(100.0, 0.3, age=2.0).fresh(100.0)  # bls-serve stopped writing
+    assert not reading(100.0, 0.3, age=2.0).fresh(100.0)  # bls-serve stopped writing, or nothing left the queue
     assert not reading(100.0, 0.3, requests=0).fresh(100.0)
 
 
@@ -311,68 +357,33 @@ class FakeClock:
         return self.now
 
 
-def test_on_a_standing_queue_it_keeps_what_finishes_within_the_target_until_the_queue_drains():
+def test_a_client_without_a_deadline_is_never_refused_however_long_the_queue():
     clock = FakeClock()
-    measured = {"now": None}
-    door = Admission(batch_cap=16, target_s=0.2, clock=clock, queue=lambda: measured["now"])
-    door.costs.observe("execute", 0.1, 10)  # 10 ms an image
-    requests = [ImageRequest([photo()]) for _ in range(16)]
-
-    def execute(n):
-        req_clock, got = door.open(requests[:n])
-        results = [None] * n
-        timings = Timings()
-        door.admit(req_clock, results, timings, got)
-        door.close(0)
-        return results, timings
-
-    assert execute(16)[0] == [None] * 16  # nobody measured the queue: nothing refused on it
-    measured["now"] = reading(clock.now, 0.15)
-    assert execute(16)[0] == [None] * 16 and not door.shedding  # waited 0.15 s: under the target
-    measured["now"] = reading(clock.now, 0.6, standing_s=0.1)
-    assert execute(16)[0] == [None] * 16  # one window of long waits, not the whole interval: no standing queue
-    measured["now"] = reading(clock.now, 0.5)
-    assert execute(8)[0] == [None] * 8  # long waits, but the execute() came short of full: the queue drained
-    results, timings = execute(16)  # full, and every window of the interval over the target: shedding
-    assert door.shedding
-    assert [r is None for r in results] == [False] * 15 + [True]  # waited past the target already: the newest alone
-    assert {r.reason for r in results[:15]} == {"shed"} and results[0].code == UNAVAILABLE
-    message = results[0].message
-    assert "waited 500 ms or more on average for 0.5 s" in message and "queue_delay_target_ms=200" in message, message
-    assert "16 requests taken at once, the most Triton hands one" in message and "latest wait, 500 ms" in message
-    assert timings.dropped == {("shed", "admission", UNAVAILABLE): 15}
-    measured["now"] = reading(clock.now, 0.12, standing_s=0.12)  # the refusals shortened the queue: 80 ms left
-    results, _ = execute(16)
-    assert door.shedding and [r is None for r in results] == [False] * 8 + [True] * 8  # 8 images of 10 ms fit
-    assert "waited 500 ms or more" in results[0].message and "latest wait, 120 ms" in results[0].message  # both true
-    assert execute(12)[0] == [None] * 12 and not door.shedding  # came short of full: the queue drained
-    measured["now"] = reading(clock.now, 0.5, age=3.0)  # bls-serve stopped: unknown again
-    assert execute(16)[0] == [None] * 16 and not door.shedding
-
-
-def test_no_target_no_shedding():
-    clock = FakeClock()
-    door = Admission(batch_cap=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 5.0))
-    door.costs.observe("execute", 0.1, 10)
-    req_clock, got = door.open([ImageRequest([photo()])] * 16)
-    results = [None] * 16
-    door.admit(req_clock, results, Timings(), got)
-    assert results == [None] * 16
+    door = Admission(queued=True, target_s=0.2, clock=clock, queues=lambda model: reading(clock.now, 5.0), model="f")
+    door.costs.observe("execute", 1.0, 1)  # 1 s an image
+    req_clock, got = door.open([ImageRequest([photo()])] * 64)
+    results = [None] * 64
+    door.admit(req_clock, results, Timings())
+    assert got.wait_s == 5.0 and results == [None] * 64
 
 
 def test_a_deadline_counts_from_arrival_as_triton_measured_the_wait():
     clock = FakeClock()
-    door = Admission(batch_cap=16, target_s=0.0, clock=clock, queue=lambda: reading(clock.now, 0.3))
+    door = Admission(queued=True, target_s=0.0, clock=clock, queues=lambda model: reading(clock.now, 0.3), model="f")
     req_clock, _ = door.open([ImageRequest([photo()], timeout_s=1.0)])
     assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.3 - 0.01)  # less the wait and the way back
-    unmeasured = Admission(batch_cap=16, target_s=0.0, clock=clock)
+    aiming = Admission(queued=True, target_s=0.5, clock=clock, queues=lambda model: reading(clock.now, 0.3), model="f")
+    req_clock, _ = aiming.open([ImageRequest([photo()]), ImageRequest([photo()], timeout_s=1.0)])
+    assert req_clock.aim_left(clock.now).tolist() == [pytest.approx(0.5 - 0.3 - 0.01), pytest.approx(1.0 - 0.3 - 0.01)]
+    assert req_clock.time_left(clock.now)[0] == float("inf")  # an aim is no deadline: nothing refused on it
+    unmeasured = Admission(queued=True, target_s=0.0, clock=clock)
     req_clock, _ = unmeasured.open([ImageRequest([photo()], timeout_s=1.0)])
     assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01)  # no wait known: none counted
 
 
 def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
     clock = FakeClock()
-    door = Admission(batch_cap=None, target_s=0.0, clock=clock)
+    door = Admission(queued=False, target_s=0.0, clock=clock)
     from bls_pipeline.runtime.admission import drop
     from bls_pipeline.runtime.results import Timings
 

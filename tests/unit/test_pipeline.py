@@ -112,6 +112,7 @@ class PipelineConfig:
     tta_threshold: float = 0.25
     default_topk: int = RuntimeSettings.default_topk
     max_request_bytes: int = RuntimeSettings.max_request_bytes
+    overload: str = "degrade"  # classify_bls's
 
     def parameters(self) -> dict[str, str]:
         return {f.name: ",".join(v) if isinstance(v, tuple) else str(v)
@@ -543,10 +544,11 @@ def test_cascade_threshold_zero_never_escalates(make_pipeline):
 ])
 def test_a_failed_escalation_fails_only_the_requests_escalated(make_pipeline, breaks, code, reason, says):
     """Three requests in one execute(); only the second's image is unsure and goes to the main
-    classifier, which fails: the second fails with its error, the others keep the cheap answer."""
+    classifier, which fails: the second fails with its error, the others keep the cheap answer.
+    With overload "refuse" (degrading, the default, answers a busy one: the next test)."""
     clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0, 2})
     clf.logits, clf.errors = breaks.get("logits", clf.logits), breaks.get("errors", {})
-    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5, overload="refuse")
     results, timings = pipe.run([ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2]), ImageRequest(IMAGES[2:3])], clf)
     assert [m for m, _ in clf.calls] == [CHEAP, PRIMARY] and clf.batch_sizes == [3, 1]
     assert [r.routes[:, 0].tolist() for r in (results[0], results[2])] == [[b"cheap:confident"]] * 2
@@ -554,6 +556,21 @@ def test_a_failed_escalation_fails_only_the_requests_escalated(make_pipeline, br
     assert isinstance(failed, RequestError) and (failed.reason, failed.code) == (reason, code)
     assert says in failed.message and PRIMARY in failed.message
     assert timings.rejected == {(reason, code): 1} and timings.routes == {"cheap:confident": 2}
+
+
+def test_an_escalation_the_main_classifier_refuses_for_overload_keeps_the_cheap_answer_marked_degraded(make_pipeline):
+    clf = CascadeClassifier({CHEAP, PRIMARY}, confident_rows={0, 2})
+    clf.errors = {PRIMARY: ChildCallError("Exceeds maximum queue size", busy=True)}
+    pipe = make_pipeline(clf, cascade_classifiers=(CHEAP,), cascade_threshold=0.5)
+    results, timings = pipe.run([ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2]), ImageRequest(IMAGES[2:3])], clf)
+    assert [r.routes[0, 0] for r in results] == [b"cheap:confident", b"cheap:degraded", b"cheap:confident"]
+    assert results[1].notes == ({"degraded": "overloaded: classifier cls_a failed: Exceeds maximum queue size"},)
+    assert timings.degraded == {(PRIMARY, "busy"): 1} and timings.rejected == {}
+    assert '"degraded":"overloaded: classifier cls_a failed: Exceeds maximum queue size"' in \
+        results[1].outputs["JSON"][0, 0].decode()
+    clf.errors = {PRIMARY: ChildCallError("CUDA error: an illegal memory access")}  # broken, not busy: no degrading
+    results, _ = pipe.run([ImageRequest(IMAGES[0:2])], clf)  # its second image is unsure
+    assert isinstance(results[0], RequestError) and results[0].code == "INTERNAL"
 
 
 def test_a_request_with_rows_on_both_sides_of_a_failed_call_fails_whole(make_pipeline):

@@ -3,8 +3,8 @@
     cheap model on every image ─> top-1 >= cascade_threshold     ROUTE <cheap>:confident
                               └─> the unsure ones, ONE call ─> main model
                                                                  ROUTE <main>:escalated
-                                  (no main model READY: the cheap answer stands)
-                                                                 ROUTE <cheap>:degraded
+                                  (no main model READY, or too late for them under
+                                  overload: the cheap answer stands) ROUTE <cheap>:degraded
     a request with skip_cascade: its images join that call       ROUTE <main>:direct
     no cheap model READY, or cascade_classifiers "none":
     main model on every image ─> top-1 >= tta_threshold          ROUTE <main>:direct
@@ -35,7 +35,8 @@ def flow(batch: Batch, settings: ClassifySettings) -> Answer:
     if cheap is not None:
         answer.set(cheap, "confident")
         unsure = cheap.top1 < settings.cascade_threshold
-        main = batch.classify(settings.classifiers, rows=unsure | skip)
+        # The unsure ones have the cheap answer already: skipped under overload (optional).
+        main = batch.classify(settings.classifiers, rows=unsure | skip, optional=unsure)
         if main is None:
             fallback = batch.classify(settings.cascade_classifiers, rows=skip) if skip.any() else None
             if fallback is not None:  # they asked for the main model, which is not READY: the cheap one answers
