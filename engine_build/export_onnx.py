@@ -167,10 +167,9 @@ def _stamp(onnx_path: Path) -> Path:
 def exported_weights(onnx_path: Path) -> str | None:
     """The weights an exported ONNX carries ('imagenet', 'pretrained', 'random', a path):
     None when there is no ONNX, 'unknown' when it was not written by export_onnx."""
-    if not Path(onnx_path).exists():
-        return None
-    stamp = _stamp(onnx_path)
-    return json.loads(stamp.read_text())["weights"] if stamp.exists() else "unknown"
+    from bls_pipeline.runtime.children import exported_weights as read
+
+    return read(onnx_path)
 
 
 def artifact_files(onnx_path: Path) -> list[Path]:

@@ -13,6 +13,7 @@ candidate before it is gone) holds its engine only while calls come (runtime/sta
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -24,9 +25,12 @@ from ..contract import STANDBY_ENV
 from ..runtime import hooks
 from ..runtime.answer import numpy_dtype
 from ..runtime.artifact_io import Declared
+from ..runtime.children import exported_weights
 from ..runtime.onnx import open_engine
 from ..runtime.standby import StandbyEngine
 from .glue import bridge_logging, freeze_startup_objects, is_probe, model_parameters, tensor_from_numpy, tensor_to_numpy
+
+log = logging.getLogger(__name__)
 
 __all__ = ["onnx_model"]
 
@@ -48,6 +52,9 @@ def batch_model(pb_utils: Any, stage: str) -> type:
             declared = Declared.from_json(args["model_config"])
             self.inputs, self.outputs = declared.names
             path = Path(args["model_repository"]) / args["model_version"] / params["artifact"]
+            if exported_weights(path) == "random":
+                log.warning("%s: %s was exported with random weights: its answers mean nothing; export it with real "
+                            "weights (python -m engine_build export --help)", args["model_name"], path.name)
             self._released = threading.Event()
             if args["model_name"] in os.environ.get(STANDBY_ENV, "").split(","):
                 self.model = StandbyEngine(args["model_name"], lambda: open_engine(path, *declared.names, params, declared),

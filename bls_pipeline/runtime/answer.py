@@ -173,6 +173,11 @@ class Answer:
                 routes[row] = f"{self._sources[source].source}:degraded".encode()
         return routes
 
+    def models(self, row: int) -> tuple[str, ...]:
+        """The models whose answer a row has (two for an average), none for a row skipped or pending."""
+        source = self._source[row]
+        return tuple(self._sources[source].model.split("+")) if source >= 0 and self._sources[source].model else ()
+
     def degraded(self, row: int) -> tuple[str, str, str] | None:
         """(the stage skipped, why, the reason) for a row answered degraded, else None."""
         return self._degraded[row]

@@ -39,6 +39,7 @@ flow or from ImageNet:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,8 @@ from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, P
 from .modelconfig import data_type, parse_config, string_parameters
 from .settings import ConfigError, _as_float, _as_int
 
-__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "TensorInfo", "child_folder", "child_model", "load_child", "version_folders"]
+__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "TensorInfo", "child_folder", "child_model", "exported_weights",
+           "load_child", "version_folders"]
 
 # In a flow model's folder: copies of the config and labels of the models it calls, for a
 # repository whose model folders Triton copies one by one (S3). bls-publish writes them.
@@ -88,6 +90,9 @@ class ChildModel:
     scores: str = "logits"  # what a classifier's output holds: "logits" or "probabilities"
     inputs: tuple[TensorInfo, ...] = ()  # every input it declares, the image input included
     detector: Detector | None = None
+    # Said in the log and in each answer it gives: its engine was exported with random
+    # weights, so its labels mean nothing (None: real weights, or not known to be random).
+    warning: str | None = None
 
     @property
     def input(self) -> TensorInfo | None:
@@ -226,7 +231,36 @@ def _child_model(name: str, config, model_dir: Path | None) -> ChildModel:
     if labels is not None and len(outputs) != 1:
         raise ConfigError(f"model {name} has a label_filename and {len(outputs)} outputs; a classifier has one output, its scores")
     return ChildModel(name, config.max_batch_size, image, outputs, preprocess, labels, scores, inputs,
-                      _detector(name, outputs, params))
+                      _detector(name, outputs, params), _weights_warning(name, model_dir, params))
+
+
+def exported_weights(path: Path) -> str | None:
+    """The weights an engine file written by engine_build carries ('imagenet', 'pretrained',
+    'random', a .pth path), from its stamp beside it (FILE.json); 'unknown' without a stamp,
+    None without the file."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    stamp = path.with_name(path.name + ".json")
+    try:
+        return str(json.loads(stamp.read_text())["weights"]) if stamp.exists() else "unknown"
+    except (ValueError, KeyError, TypeError):
+        return "unknown"
+
+
+def _weights_warning(name: str, model_dir: Path | None, params: dict[str, str]) -> str | None:
+    """What to say of a model whose newest engine file was exported with random weights."""
+    artifact = params.get("artifact")
+    if model_dir is None or not artifact:
+        return None
+    for version in version_folders(model_dir):
+        weights = exported_weights(Path(model_dir) / version / artifact)
+        if weights is not None:
+            if weights != "random":
+                return None
+            return (f"{name} runs an engine exported with random weights ({version}/{artifact}): its labels mean "
+                    "nothing; export it with real weights (python -m engine_build export --help)")
+    return None
 
 
 def _looks_like_image(tensor: TensorInfo) -> bool:

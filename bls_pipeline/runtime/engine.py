@@ -110,6 +110,8 @@ class FlowRuntime:
             self.children = children
         else:  # the same dict: an execute() in progress sees the change at its next call
             self.children.update(children)
+        # What an answer of a child says beside its labels (random weights); load() logs it.
+        self.warnings = {m: c.warning for m, c in self.children.items() if c.warning}
 
     def follow_children(self, served: Mapping[str, object]) -> tuple[str, ...]:
         """Take the children's configs as served now ({model: ModelConfig}; bls-serve's model
@@ -178,6 +180,8 @@ class FlowRuntime:
         loaded = cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
                      keep_images=uses_regions, queued=queued, queue_readings=queue_readings)
         loaded.child_dirs = {m: child_folder(repo, m, Path(model_dir)) for m in children}
+        for warning in loaded.warnings.values():
+            log.warning("flow %s calls %s", name, warning)
         return loaded
 
     @property
@@ -273,7 +277,7 @@ class FlowRuntime:
             timings.classify = time.perf_counter() - t0 - run.preprocess_in_flow
         with hooks.stage("top_k"):
             predictions(answer, run.owners, requests, results, timings, flow=self.name, declared=self.declared,
-                        default_topk=self.runtime.default_topk, device=self.device)
+                        default_topk=self.runtime.default_topk, device=self.device, warnings=self.warnings)
 
     def _no_model_error(self, run: Execution) -> RequestError:
         """No candidate READY for a role: UNAVAILABLE (try again later), unless one of its

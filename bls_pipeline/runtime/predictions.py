@@ -36,10 +36,12 @@ def check_filled(answer: Answer, declared: Mapping[str, TensorInfo]) -> None:
 
 
 def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequest], results: list, timings: Timings, *,
-                flow: str, declared: Mapping[str, TensorInfo], default_topk: int, device: Device) -> None:
+                flow: str, declared: Mapping[str, TensorInfo], default_topk: int, device: Device,
+                warnings: Mapping[str, str] | None = None) -> None:
     """Fill `results` (None: still pending) with each request's Prediction from the flow's
     answer: its images' rows (`owners`: each row's request), top-k labels, ROUTE, the flow's
-    own outputs, its regions (REGION_*), its JSON; or fail it, naming a row left unanswered."""
+    own outputs, its regions (REGION_*), its JSON; or fail it, naming a row left unanswered.
+    warnings: {model: what an answer of it says} (children.ChildModel.warning)."""
     routes = answer.routes()
     pending, asks, fills = [], [], []  # the device computes every top-k of this run together
     attached = answer.attached
@@ -76,7 +78,7 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
         route = routes[rows].reshape(-1, 1)
         for value in route[:, 0]:
             timings.count(timings.routes, value.decode())
-        notes = _notes(answer, rows, timings)
+        notes = _notes(answer, rows, timings, warnings or {})
         outputs = {name: values[rows] for name, values in answer.outputs.items()}
         if regions:
             outputs.update(_region_outputs(rows, regions, table.k))
@@ -91,16 +93,22 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
             results[r] = result
 
 
-def _notes(answer: Answer, rows: np.ndarray, timings: Timings) -> tuple[dict[str, str], ...]:
-    """Per image, what its JSON answer says beside its outputs: why it was answered degraded;
-    () when none was. Degraded images are counted per stage skipped and why."""
-    marks = [answer.degraded(int(row)) for row in rows]
-    if not any(marks):
-        return ()
-    for mark in marks:
+def _notes(answer: Answer, rows: np.ndarray, timings: Timings, warnings: Mapping[str, str]) -> tuple[dict[str, str], ...]:
+    """Per image, what its JSON answer says beside its outputs: why it was answered degraded,
+    and a warning of the model that answered it (random weights); () when there is neither.
+    Degraded images are counted per stage skipped and why."""
+    notes = []
+    for row in rows.tolist():
+        note = {}
+        mark = answer.degraded(row)
         if mark is not None:
             timings.count(timings.degraded, mark[:2])
-    return tuple({"degraded": mark[2]} if mark is not None else {} for mark in marks)
+            note["degraded"] = mark[2]
+        said = [warnings[m] for m in answer.models(row) if m in warnings]
+        if said:
+            note["warning"] = "; ".join(said)
+        notes.append(note)
+    return tuple(notes) if any(notes) else ()
 
 
 def _region_outputs(rows: np.ndarray, regions: list, k: int) -> dict[str, np.ndarray]:

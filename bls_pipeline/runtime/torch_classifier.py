@@ -16,15 +16,15 @@ arrays or tensors on any device; a batch over max_batch_size runs in chunks.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .children import exported_weights
 from .settings import BACKEND_KEYS, RELOAD_KEY, ConfigError
 
-__all__ = ["TorchClassifier", "TorchSettings", "exported_weights"]
+__all__ = ["TorchClassifier", "TorchSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,6 @@ class TorchSettings:
         if settings.precision not in ("fp16", "fp32"):
             raise ConfigError(f"model {model}: parameter precision={settings.precision!r}: write fp16 or fp32")
         return settings
-
-
-def exported_weights(path: Path) -> str | None:
-    """The weights a state dict written by engine_build carries ('random', 'imagenet', a
-    path), 'unknown' without its stamp, None without the file."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    stamp = path.with_suffix(path.suffix + ".json")
-    return json.loads(stamp.read_text())["weights"] if stamp.exists() else "unknown"
 
 
 class TorchClassifier:

@@ -397,3 +397,24 @@ def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earli
     assert later.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01 - door.slack_s)
 
 
+
+
+# ---- random weights --------------------------------------------------------------------------
+def test_an_answer_from_a_model_exported_with_random_weights_says_so(tmp_path, caplog):
+    """resnet50 exported with --weights random (as the tests do): its labels are ImageNet's, its
+    answers mean nothing. The flow's log says so at load, and every answer it gives says so."""
+    import json
+    import shutil
+
+    repo = tmp_path / "models"
+    for name in ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx"):
+        shutil.copytree(MODELS / name, repo / name, ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
+    (repo / "resnet50_onnx" / "1" / "model.onnx").write_bytes(b"not read: a function answers for it here")
+    (repo / "resnet50_onnx" / "1" / "model.onnx.json").write_text(json.dumps({"weights": "random"}))
+    models = {"efficientnet_lite0_onnx": classifier(504, 0.0), "resnet50_onnx": classifier(967)}
+    with caplog.at_level("WARNING"), LocalFlow(repo / "classify_bls", models, parameters=CASCADE) as flow:
+        (unsure,), _ = flow.run([ImageRequest([photo()])])
+    said = "resnet50_onnx runs an engine exported with random weights (1/model.onnx): its labels mean nothing"
+    assert said in caplog.text
+    assert unsure.routes[0, 0] == b"resnet50_onnx:escalated" and said in unsure.notes[0]["warning"]
+    assert said in json.loads(unsure.outputs["JSON"][0, 0])["warning"]
