@@ -18,10 +18,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
 from PIL import Image
 from tqdm import tqdm
 
@@ -29,8 +31,9 @@ from ..serve.client import tritonclient_module
 from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, REGION_COUNT, ROUTE
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
+from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, model_statistics, outcome_of_exception
 from ..runtime.loader import is_flow_model
-from ..runtime.modelconfig import config_variant
+from ..runtime.modelconfig import config_variant, parse_config
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
 
@@ -87,28 +90,144 @@ class Point:
     p95_ms: float
     p99_ms: float
     requests: int
-    errors: int
+    errors: int  # requests that failed, refused ones included
+    # Triton's statistics per request it counted a success (a python model's refusals and
+    # errors answered included: loadgen.TRITON_SUCCESS_COUNTS)
     server_queue_ms: float  # per request, this model's own queue
     server_compute_ms: float  # per request, compute input + infer + output
     escalated_fraction: float | None = None  # cascade targets: share of images resnet50 decided
     regions_per_s: float | None = None  # region flows: regions (REGION_COUNT) answered per second
     # region flows: per model they call, executions, rows and compute ms per image answered
     children: dict[str, dict[str, float]] | None = None
+    # of the errors, refusals (503 / UNAVAILABLE) by who refused (loadgen.REFUSERS)
+    refused_by: dict[str, int] = field(default_factory=dict)
+    error_samples: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by.values())
 
 
 def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
     """ImageNet-size JPEGs: each source centre-cropped to 4:3, resized, plus its mirror."""
     out = []
     for src in sources:
-        img = Image.open(src).convert("RGB")
-        w, h = img.size
-        cw, ch = (w, w * 3 // 4) if w * 3 <= h * 4 else (h * 4 // 3, h)
-        img = img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)).resize(size, Image.BICUBIC)
+        img = _fitted(Image.open(src).convert("RGB"), size)
         for variant in (img, img.transpose(Image.FLIP_LEFT_RIGHT)):
-            buf = io.BytesIO()
-            variant.save(buf, "JPEG", quality=quality)
-            out.append(buf.getvalue())
+            out.append(_jpeg(variant, quality))
     return out
+
+
+def _fitted(img: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """img centre-cropped to 4:3, then resized to `size`."""
+    w, h = img.size
+    cw, ch = _crop_4_3(w, h)
+    return img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)).resize(size, Image.BICUBIC)
+
+
+def _crop_4_3(w: int, h: int) -> tuple[int, int]:
+    return (w, w * 3 // 4) if w * 3 <= h * 4 else (h * 4 // 3, h)
+
+
+def _jpeg(img: Image.Image, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+# ---- the images bls-bench sends -------------------------------------------------------------
+IMAGE_SIZE = (500, 375)  # --image-size's default: the ImageNet-size set docs/performance.md's tables were measured with
+ORIGINAL = "original"  # --image-size original: the files as given
+HEAVY_SIZE = (4000, 3000)  # --heavy-images: 12-megapixel JPEGs
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """What bls-bench sends: the payloads, a line per file saying what was sent (changed, or
+    as given), and one line for the tables."""
+
+    payloads: list[bytes]
+    notes: list[str]
+    summary: str
+    changed: bool  # the files were not sent as given
+    sources: list[Path]  # the files Pillow reads, in order
+
+
+def parse_image_size(text: str) -> tuple[int, int] | None:
+    """--image-size: "WxH" (each photo centre-cropped to 4:3 and resized to it, with its mirror)
+    or "original" (the files as given): the size, or None for original."""
+    if text.strip().lower() == ORIGINAL:
+        return None
+    w, sep, h = text.lower().partition("x")
+    if not sep or not w.strip().isdigit() or not h.strip().isdigit() or int(w) < 1 or int(h) < 1:
+        raise ValueError(f"--image-size: {text!r} is neither WxH (e.g. 500x375) nor {ORIGINAL}")
+    return int(w), int(h)
+
+
+def _kb(data: bytes | int) -> str:
+    n = data if isinstance(data, int) else len(data)
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
+
+
+def image_set(files: list[Path], size: tuple[int, int] | None = IMAGE_SIZE, heavy: int = 0) -> ImageSet:
+    """The images bls-bench sends: `files` as given (size None), or each centre-cropped to 4:3,
+    resized to `size` and sent with its mirror (make_image_set); then `heavy` 12-megapixel
+    JPEGs, each a readable file scaled up to HEAVY_SIZE. A file Pillow cannot read is sent as
+    given only; otherwise it is named in a ValueError."""
+    if not files:
+        raise ValueError("no images to send: the --images folder has no *.jpg or *.jpeg file")
+    payloads, notes, readable = [], [], []
+    for path in files:
+        data = path.read_bytes()
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                w, h, kind = *probe.size, probe.format
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is named
+            if size is not None:
+                raise ValueError(f"{path}: Pillow cannot read it ({exc}), so it cannot be resized; "
+                                 f"--image-size {ORIGINAL} sends the files as given") from exc
+            payloads.append(data)
+            notes.append(f"{path.name}: {_kb(data)}, not an image Pillow reads: sent as given")
+            continue
+        readable.append(path)
+        if size is None:
+            payloads.append(data)
+            notes.append(f"{path.name}: {w}x{h} {kind}, {_kb(data)}: sent as given")
+            continue
+        pair = make_image_set([path], size)
+        payloads += pair
+        cw, ch = _crop_4_3(w, h)
+        crop = f"centre-cropped to {cw}x{ch} (4:3), " if (cw, ch) != (w, h) else ""
+        notes.append(f"{path.name}: {w}x{h} {kind}, {_kb(data)} -> {crop}resized to {size[0]}x{size[1]}, "
+                     f"re-encoded as JPEG quality 90 ({_kb(pair[0])}), sent with its mirror")
+    if heavy and not readable:
+        raise ValueError("--heavy-images: none of the files is an image Pillow reads, to scale up")
+    for k in range(heavy):
+        src = readable[k % len(readable)]
+        data = _synthetic_12mp(src)
+        payloads.append(data)
+        notes.append(f"heavy {k + 1}: {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG ({HEAVY_SIZE[0] * HEAVY_SIZE[1] / 1e6:.0f} megapixels), "
+                     f"{_kb(data)}: {src.name} scaled up (--heavy-images)")
+    folder = files[0].parent
+    these = f"the {len(files)} files of {folder}" if len(files) > 1 else f"{files[0]}"
+    if size is None:
+        summary = f"{these} as given (--image-size {ORIGINAL})"
+    else:
+        summary = (f"{len(payloads) - heavy} JPEGs of {size[0]}x{size[1]}: {these} centre-cropped "
+                   f"to 4:3 and resized, each with its mirror (--image-size {size[0]}x{size[1]}: not the files as given)")
+    if heavy:
+        summary += f", and {heavy} heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG{'s' if heavy > 1 else ''} (--heavy-images)"
+    return ImageSet(payloads, notes, summary, size is not None, readable)
+
+
+def announce(images: ImageSet, size: tuple[int, int] | None) -> str:
+    """What bls-bench prints before it sends anything: what it does to the files, per file."""
+    if images.changed:
+        head = (f"bls-bench sends CHANGED images, not the files as given (--image-size {size[0]}x{size[1]}, the default, "
+                f"as docs/performance.md's tables were measured); --image-size {ORIGINAL} sends the files as they are:")
+    else:
+        head = "bls-bench sends the files as given:"
+    return "\n".join([head, *(f"  {note}" for note in images.notes)])
 
 
 def text_image_set(lines: tuple[int, ...] = TEXT_LINES, size=(500, 375)) -> list[bytes]:
@@ -190,19 +309,19 @@ def _fed_tensors(target: str) -> bool:
     return target == "classifier" or (_engine(target) or ("",))[0] == "classifier"
 
 
-def _server_stats(client, model: str) -> dict[str, int]:
-    stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]["inference_stats"]
+def _server_stats(client, protocol: str, model: str) -> dict[str, int]:
+    stats = model_statistics(client, protocol, model)["model_stats"][0]["inference_stats"]
     pick = lambda k: (int(stats.get(k, {}).get("count", 0)), int(stats.get(k, {}).get("ns", 0)))  # noqa: E731
     (count, _), (_, queue) = pick("success"), pick("queue")
     compute = sum(pick(k)[1] for k in ("compute_input", "compute_infer", "compute_output"))
     return {"count": count, "queue_ns": queue, "compute_ns": compute}
 
 
-def _child_counts(client, models: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _child_counts(client, protocol: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Per model: executions, inferences (rows), compute ns so far (Triton's statistics)."""
     out = {}
     for model in models:
-        stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]
+        stats = model_statistics(client, protocol, model)["model_stats"][0]
         compute = sum(int(stats["inference_stats"].get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
         out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute], np.float64)
     return out
@@ -227,6 +346,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from = [float("inf")]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
+    refused_by = [Counter() for _ in range(concurrency)]
+    error_samples: list[str] = []
     escalated = [0] * concurrency
     regions = [0] * concurrency
     sent = [0] * concurrency  # requests each client sent in the measured window
@@ -248,8 +369,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
             try:
                 result = client.infer(model, inputs, outputs=outputs)
                 ok = True
-            except Exception:  # noqa: BLE001 - counted, the loop goes on
-                ok = False
+            except Exception as exc:  # noqa: BLE001 - counted, the loop goes on
+                ok, outcome = False, outcome_of_exception(exc)
             if t0 >= record_from[0]:
                 if ok:
                     latencies[w].append(time.perf_counter() - t0)
@@ -259,6 +380,10 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                         regions[w] += int(result.as_numpy(REGION_COUNT.name).sum())
                 else:
                     errors[w] += 1
+                    if outcome.startswith("refused: "):
+                        refused_by[w][outcome.removeprefix("refused: ")] += 1
+                    elif len(error_samples) < 3:
+                        error_samples.append(outcome)
         client.close()
 
     threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(concurrency)]
@@ -271,7 +396,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from[0] = now + warmup_s
     time.sleep(warmup_s)
     called = HANDWRITTEN_CALLS if target in REGION_TARGETS else ()
-    before, children_before = _server_stats(stats_client, model), _child_counts(stats_client, called)
+    before, children_before = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
     time.sleep(duration_s)
     # The window lasts until every client sent a request in it: one whose requests take
     # longer than the window (a slow model on a busy machine) would leave it empty, 0 images/s.
@@ -279,7 +404,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
         time.sleep(0.005)
     stop_at[0] = time.perf_counter()
     window_s = stop_at[0] - record_from[0]
-    after, children_after = _server_stats(stats_client, model), _child_counts(stats_client, called)
+    after, children_after = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
     for t in threads:
         t.join()
     stats_client.close()
@@ -290,7 +415,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
                  sum(regions) / window_s if target in REGION_TARGETS else None,
-                 children_per_image(children_before, children_after, n) if called else None)
+                 children_per_image(children_before, children_after, n) if called else None,
+                 {who: k for who in REFUSERS if (k := sum(c[who] for c in refused_by))}, error_samples)
 
 
 # ---- in-process decode + preprocess --------------------------------------------------
@@ -333,17 +459,24 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
 
 # ---- reporting --------------------------------------------------------------------------
 def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
+    images = meta.get("image_set") or f"{meta['images']} JPEGs of 500x375"
+    if any(p.regions_per_s is not None for p in points):
+        images += f" ({meta.get('pages', 0)} text pages for the region targets)"
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375 "
-             f"({meta.get('pages', 0)} text pages for the region targets), one image per request; "
-             f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
-             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated / regions |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up. Images: {images}, one image per request. "
+             + (f"Served: {meta['served']}. " if meta.get("served") else "")
+             + f"Each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
+             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | of those refused: queue full / queue timeout / model "
+             "| server queue ms | server compute ms | escalated / regions |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}"
         esc = esc or ("" if p.regions_per_s is None else f"{p.regions_per_s:.1f} regions/s")
+        refused = " / ".join(str(p.refused_by.get(who, 0)) for who in REFUSERS)
         lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
-                     f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
+                     f"{p.errors} | {refused} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
+    lines += ["", "Server queue and compute ms: Triton's statistics, per request it counted a success; "
+                  f"{TRITON_SUCCESS_COUNTS}."]
     ratios, per_round = meta.get("ratios", {}), meta.get("ratios_per_round", [])
     if ratios:
         lines += ["", "| ratio (within each round) | median of rounds | " + " | ".join(f"round {r + 1}" for r in range(len(per_round))) + " |",
