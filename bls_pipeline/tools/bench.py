@@ -1,9 +1,21 @@
-"""`bls-bench`: closed-loop load on classify_bls, the ensemble baseline and the bare classifier.
+"""`bls-bench`: load on classify_bls, its baselines and variants, and what their clients get.
 
-For each target and concurrency, N client threads send one image per request back to back
-for a fixed time over a fixed image set. Per point: images/s, latency p50/p95/p99, errors
-and Triton's server-side queue vs compute time per request (statistics API). Writes
-bench.json, bench.md and bench.png; also times decode+preprocess in process.
+Three modes, against a server bls-bench starts on a copy of the repository (bench_repository:
+its targets as variants of the shipped models; --max-queue-size and --set change the copy) or a
+running one (--url, --host and the port options):
+
+    the concurrency sweep (default)  for each target and concurrency, N client threads send one
+        image per request back to back for a fixed time: images/s, latency p50/p95/p99,
+        errors and refusals (by Triton's queue or the model), Triton's server-side queue vs
+        compute time per request; bench.json, bench.md, bench.png; also times
+        decode+preprocess in process.
+    --overload   goodput past capacity, per factor (overload.py): overload.json, overload.md.
+    --open-loop  Poisson arrivals below capacity, per load (openloop.py): openloop.json, openloop.md.
+
+The images: by default each photo centre-cropped to 4:3 and resized to 500x375 with its mirror
+(the set docs/performance.md's tables were measured with), which bls-bench says per file before
+it sends anything and in every table; --image-size original sends the files as given, and
+--heavy-images N adds 12-megapixel JPEGs.
 """
 
 from __future__ import annotations
@@ -18,10 +30,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
 from PIL import Image
 from tqdm import tqdm
 
@@ -29,10 +43,12 @@ from ..serve.client import tritonclient_module
 from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, REGION_COUNT, ROUTE
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
+from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, model_statistics, outcome_of_exception
 from ..runtime.loader import is_flow_model
-from ..runtime.modelconfig import config_variant
+from ..runtime.modelconfig import config_variant, parse_config
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
+from ..serve.server import ServerOptions, TritonServer, free_port
 
 __all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 
@@ -87,28 +103,144 @@ class Point:
     p95_ms: float
     p99_ms: float
     requests: int
-    errors: int
+    errors: int  # requests that failed, refused ones included
+    # Triton's statistics per request it counted a success (a python model's refusals and
+    # errors answered included: loadgen.TRITON_SUCCESS_COUNTS)
     server_queue_ms: float  # per request, this model's own queue
     server_compute_ms: float  # per request, compute input + infer + output
     escalated_fraction: float | None = None  # cascade targets: share of images resnet50 decided
     regions_per_s: float | None = None  # region flows: regions (REGION_COUNT) answered per second
     # region flows: per model they call, executions, rows and compute ms per image answered
     children: dict[str, dict[str, float]] | None = None
+    # of the errors, refusals (503 / UNAVAILABLE) by who refused (loadgen.REFUSERS)
+    refused_by: dict[str, int] = field(default_factory=dict)
+    error_samples: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by.values())
 
 
 def make_image_set(sources: list[Path], size=(500, 375), quality=90) -> list[bytes]:
     """ImageNet-size JPEGs: each source centre-cropped to 4:3, resized, plus its mirror."""
     out = []
     for src in sources:
-        img = Image.open(src).convert("RGB")
-        w, h = img.size
-        cw, ch = (w, w * 3 // 4) if w * 3 <= h * 4 else (h * 4 // 3, h)
-        img = img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)).resize(size, Image.BICUBIC)
+        img = _fitted(Image.open(src).convert("RGB"), size)
         for variant in (img, img.transpose(Image.FLIP_LEFT_RIGHT)):
-            buf = io.BytesIO()
-            variant.save(buf, "JPEG", quality=quality)
-            out.append(buf.getvalue())
+            out.append(_jpeg(variant, quality))
     return out
+
+
+def _fitted(img: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """img centre-cropped to 4:3, then resized to `size`."""
+    w, h = img.size
+    cw, ch = _crop_4_3(w, h)
+    return img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)).resize(size, Image.BICUBIC)
+
+
+def _crop_4_3(w: int, h: int) -> tuple[int, int]:
+    return (w, w * 3 // 4) if w * 3 <= h * 4 else (h * 4 // 3, h)
+
+
+def _jpeg(img: Image.Image, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+# ---- the images bls-bench sends -------------------------------------------------------------
+IMAGE_SIZE = (500, 375)  # --image-size's default: the ImageNet-size set docs/performance.md's tables were measured with
+ORIGINAL = "original"  # --image-size original: the files as given
+HEAVY_SIZE = (4000, 3000)  # --heavy-images: 12-megapixel JPEGs
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """What bls-bench sends: the payloads, a line per file saying what was sent (changed, or
+    as given), and one line for the tables."""
+
+    payloads: list[bytes]
+    notes: list[str]
+    summary: str
+    changed: bool  # the files were not sent as given
+    sources: list[Path]  # the files Pillow reads, in order
+
+
+def parse_image_size(text: str) -> tuple[int, int] | None:
+    """--image-size: "WxH" (each photo centre-cropped to 4:3 and resized to it, with its mirror)
+    or "original" (the files as given): the size, or None for original."""
+    if text.strip().lower() == ORIGINAL:
+        return None
+    w, sep, h = text.lower().partition("x")
+    if not sep or not w.strip().isdigit() or not h.strip().isdigit() or int(w) < 1 or int(h) < 1:
+        raise ValueError(f"--image-size: {text!r} is neither WxH (e.g. 500x375) nor {ORIGINAL}")
+    return int(w), int(h)
+
+
+def _kb(data: bytes | int) -> str:
+    n = data if isinstance(data, int) else len(data)
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
+
+
+def image_set(files: list[Path], size: tuple[int, int] | None = IMAGE_SIZE, heavy: int = 0) -> ImageSet:
+    """The images bls-bench sends: `files` as given (size None), or each centre-cropped to 4:3,
+    resized to `size` and sent with its mirror (make_image_set); then `heavy` 12-megapixel
+    JPEGs, each a readable file scaled up to HEAVY_SIZE. A file Pillow cannot read is sent as
+    given only; otherwise it is named in a ValueError."""
+    if not files:
+        raise ValueError("no images to send: the --images folder has no *.jpg or *.jpeg file")
+    payloads, notes, readable = [], [], []
+    for path in files:
+        data = path.read_bytes()
+        try:
+            with Image.open(io.BytesIO(data)) as probe:
+                w, h, kind = *probe.size, probe.format
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is named
+            if size is not None:
+                raise ValueError(f"{path}: Pillow cannot read it ({exc}), so it cannot be resized; "
+                                 f"--image-size {ORIGINAL} sends the files as given") from exc
+            payloads.append(data)
+            notes.append(f"{path.name}: {_kb(data)}, not an image Pillow reads: sent as given")
+            continue
+        readable.append(path)
+        if size is None:
+            payloads.append(data)
+            notes.append(f"{path.name}: {w}x{h} {kind}, {_kb(data)}: sent as given")
+            continue
+        pair = make_image_set([path], size)
+        payloads += pair
+        cw, ch = _crop_4_3(w, h)
+        crop = f"centre-cropped to {cw}x{ch} (4:3), " if (cw, ch) != (w, h) else ""
+        notes.append(f"{path.name}: {w}x{h} {kind}, {_kb(data)} -> {crop}resized to {size[0]}x{size[1]}, "
+                     f"re-encoded as JPEG quality 90 ({_kb(pair[0])}), sent with its mirror")
+    if heavy and not readable:
+        raise ValueError("--heavy-images: none of the files is an image Pillow reads, to scale up")
+    for k in range(heavy):
+        src = readable[k % len(readable)]
+        data = _synthetic_12mp(src)
+        payloads.append(data)
+        notes.append(f"heavy {k + 1}: {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG ({HEAVY_SIZE[0] * HEAVY_SIZE[1] / 1e6:.0f} megapixels), "
+                     f"{_kb(data)}: {src.name} scaled up (--heavy-images)")
+    folder = files[0].parent
+    these = f"the {len(files)} files of {folder}" if len(files) > 1 else f"{files[0]}"
+    if size is None:
+        summary = f"{these} as given (--image-size {ORIGINAL})"
+    else:
+        summary = (f"{len(payloads) - heavy} JPEGs of {size[0]}x{size[1]}: {these} centre-cropped "
+                   f"to 4:3 and resized, each with its mirror (--image-size {size[0]}x{size[1]}: not the files as given)")
+    if heavy:
+        summary += f", and {heavy} heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG{'s' if heavy > 1 else ''} (--heavy-images)"
+    return ImageSet(payloads, notes, summary, size is not None, readable)
+
+
+def announce(images: ImageSet, size: tuple[int, int] | None) -> str:
+    """What bls-bench prints before it sends anything: what it does to the files, per file."""
+    if images.changed:
+        head = (f"bls-bench sends CHANGED images, not the files as given (--image-size {size[0]}x{size[1]}, the default, "
+                f"as docs/performance.md's tables were measured); --image-size {ORIGINAL} sends the files as they are:")
+    else:
+        head = "bls-bench sends the files as given:"
+    return "\n".join([head, *(f"  {note}" for note in images.notes)])
 
 
 def text_image_set(lines: tuple[int, ...] = TEXT_LINES, size=(500, 375)) -> list[bytes]:
@@ -190,19 +322,19 @@ def _fed_tensors(target: str) -> bool:
     return target == "classifier" or (_engine(target) or ("",))[0] == "classifier"
 
 
-def _server_stats(client, model: str) -> dict[str, int]:
-    stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]["inference_stats"]
+def _server_stats(client, protocol: str, model: str) -> dict[str, int]:
+    stats = model_statistics(client, protocol, model)["model_stats"][0]["inference_stats"]
     pick = lambda k: (int(stats.get(k, {}).get("count", 0)), int(stats.get(k, {}).get("ns", 0)))  # noqa: E731
     (count, _), (_, queue) = pick("success"), pick("queue")
     compute = sum(pick(k)[1] for k in ("compute_input", "compute_infer", "compute_output"))
     return {"count": count, "queue_ns": queue, "compute_ns": compute}
 
 
-def _child_counts(client, models: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _child_counts(client, protocol: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Per model: executions, inferences (rows), compute ns so far (Triton's statistics)."""
     out = {}
     for model in models:
-        stats = client.get_inference_statistics(model_name=model, as_json=True)["model_stats"][0]
+        stats = model_statistics(client, protocol, model)["model_stats"][0]
         compute = sum(int(stats["inference_stats"].get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
         out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute], np.float64)
     return out
@@ -227,6 +359,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from = [float("inf")]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
+    refused_by = [Counter() for _ in range(concurrency)]
+    error_samples: list[str] = []
     escalated = [0] * concurrency
     regions = [0] * concurrency
     sent = [0] * concurrency  # requests each client sent in the measured window
@@ -248,8 +382,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
             try:
                 result = client.infer(model, inputs, outputs=outputs)
                 ok = True
-            except Exception:  # noqa: BLE001 - counted, the loop goes on
-                ok = False
+            except Exception as exc:  # noqa: BLE001 - counted, the loop goes on
+                ok, outcome = False, outcome_of_exception(exc)
             if t0 >= record_from[0]:
                 if ok:
                     latencies[w].append(time.perf_counter() - t0)
@@ -259,6 +393,10 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                         regions[w] += int(result.as_numpy(REGION_COUNT.name).sum())
                 else:
                     errors[w] += 1
+                    if outcome.startswith("refused: "):
+                        refused_by[w][outcome.removeprefix("refused: ")] += 1
+                    elif len(error_samples) < 3:
+                        error_samples.append(outcome)
         client.close()
 
     threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(concurrency)]
@@ -271,7 +409,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from[0] = now + warmup_s
     time.sleep(warmup_s)
     called = HANDWRITTEN_CALLS if target in REGION_TARGETS else ()
-    before, children_before = _server_stats(stats_client, model), _child_counts(stats_client, called)
+    before, children_before = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
     time.sleep(duration_s)
     # The window lasts until every client sent a request in it: one whose requests take
     # longer than the window (a slow model on a busy machine) would leave it empty, 0 images/s.
@@ -279,7 +417,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
         time.sleep(0.005)
     stop_at[0] = time.perf_counter()
     window_s = stop_at[0] - record_from[0]
-    after, children_after = _server_stats(stats_client, model), _child_counts(stats_client, called)
+    after, children_after = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
     for t in threads:
         t.join()
     stats_client.close()
@@ -290,7 +428,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                  (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
                  sum(regions) / window_s if target in REGION_TARGETS else None,
-                 children_per_image(children_before, children_after, n) if called else None)
+                 children_per_image(children_before, children_after, n) if called else None,
+                 {who: k for who in REFUSERS if (k := sum(c[who] for c in refused_by))}, error_samples)
 
 
 # ---- in-process decode + preprocess --------------------------------------------------
@@ -333,17 +472,24 @@ def _top1_with_and_without_draft(onnx_path: Path, data: bytes) -> tuple[int, int
 
 # ---- reporting --------------------------------------------------------------------------
 def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
+    images = meta.get("image_set") or f"{meta['images']} JPEGs of 500x375"
+    if any(p.regions_per_s is not None for p in points):
+        images += f" ({meta.get('pages', 0)} text pages for the region targets)"
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up, {meta['images']} JPEGs of 500x375 "
-             f"({meta.get('pages', 0)} text pages for the region targets), one image per request; "
-             f"each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
-             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | server queue ms | server compute ms | escalated / regions |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up. Images: {images}, one image per request. "
+             + (f"Served: {meta['served']}. " if meta.get("served") else "")
+             + f"Each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
+             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | of those refused: queue full / queue timeout / model "
+             "| server queue ms | server compute ms | escalated / regions |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}"
         esc = esc or ("" if p.regions_per_s is None else f"{p.regions_per_s:.1f} regions/s")
+        refused = " / ".join(str(p.refused_by.get(who, 0)) for who in REFUSERS)
         lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
-                     f"{p.errors} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
+                     f"{p.errors} | {refused} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
+    lines += ["", "Server queue and compute ms: Triton's statistics, per request it counted a success; "
+                  f"{TRITON_SUCCESS_COUNTS}."]
     ratios, per_round = meta.get("ratios", {}), meta.get("ratios_per_round", [])
     if ratios:
         lines += ["", "| ratio (within each round) | median of rounds | " + " | ".join(f"round {r + 1}" for r in range(len(per_round))) + " |",
@@ -528,49 +674,284 @@ def _as_served(repo: Path, flow: Path) -> dict[str, str]:
 
     if exported_weights(repo / CLASSIFIER / "1" / "model.onnx") != "random":
         return {}
-    from ..runtime.modelconfig import parse_config, string_parameters
+    from ..runtime.modelconfig import string_parameters
 
     kept = [m for m in string_parameters(parse_config(flow))["classifiers"].split(",") if not m.startswith("resnet50_")]
     return {"classifiers": ",".join(kept) or "resnet50_trt"}
 
 
-def main(argv: list[str] | None = None) -> int:
+# ---- the server: a running one, or one bls-bench starts ------------------------------------------
+# A running server's ports where none is given: Triton's own (8000, 8001, 8002), as ServerOptions has them.
+PORT_DEFAULTS = {what: ServerOptions.__dataclass_fields__[f"{what}_port"].default for what in ("http", "grpc", "metrics")}
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a server answers: HOST:PORT for each protocol's tritonclient, and its metrics URL."""
+
+    http: str
+    grpc: str
+    metrics: str
+
+    def url(self, protocol: str) -> str:
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+        return self.http if protocol == "http" else self.grpc
+
+
+def running_endpoints(url: str | None, host: str | None, ports: dict[str, int | None], metrics_url: str | None,
+                      protocol: str) -> Endpoints | None:
+    """The running server that --url or --host names; None for neither (bls-bench starts one).
+    --url HOST:PORT is --protocol's endpoint (HOST alone: every port from the options); the
+    other protocol and the metrics are on the same host at --http-port, --grpc-port and
+    --metrics-port (`ports`; Triton's 8000, 8001, 8002 where None), or at --metrics-url."""
+    if url is None and host is None:
+        return None
+    ports = dict(ports)
+    if url is not None:
+        if "/" in url:
+            raise ValueError(f"--url: give HOST:PORT, as tritonclient takes it (e.g. 127.0.0.1:8001), not {url!r}")
+        url_host, sep, port = url.rpartition(":")
+        url_host, port = (url_host, port) if sep else (url, "")
+        if port and not port.isdigit():
+            raise ValueError(f"--url: {url!r} has no port number after its host")
+        if host is not None and host != url_host:
+            raise ValueError(f"--url {url} and --host {host} name two hosts: give one")
+        if port and ports.get(protocol) not in (None, int(port)):
+            raise ValueError(f"--url {url} and --{protocol}-port {ports[protocol]} name two {protocol} ports: give one")
+        if port:
+            ports[protocol] = int(port)
+        host = url_host
+    ports = {what: ports.get(what) or default for what, default in PORT_DEFAULTS.items()}
+    return Endpoints(f"{host}:{ports['http']}", f"{host}:{ports['grpc']}",
+                     metrics_url or f"http://{host}:{ports['metrics']}/metrics")
+
+
+def _check_ready(endpoints: Endpoints, protocols: list[str], models: dict[str, str]) -> None:
+    """Every target's model (`models`: target -> model) READY on the running server, over each
+    protocol the run uses; else a SystemExit naming what is not."""
+    from ..serve.client import tritonclient_module
+
+    for protocol in protocols:
+        url = endpoints.url(protocol)
+        client = tritonclient_module(protocol).InferenceServerClient(url)
+        try:
+            missing = {t: m for t, m in models.items() if not client.is_model_ready(m)}
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it is named
+            raise SystemExit(f"bls-bench: cannot reach the server's {protocol} endpoint at {url} ({exc}); "
+                             "give its ports: --http-port, --grpc-port (and --metrics-port)") from exc
+        finally:
+            client.close()
+        if missing:
+            raise SystemExit(f"bls-bench: the server at {url} has no READY model for: "
+                             + ", ".join(f"{t} ({m})" for t, m in missing.items()))
+
+
+# ---- the repository bls-bench serves: another queue bound, other settings ------------------------
+def parse_setting(text: str) -> tuple[str, str, str]:
+    """--set MODEL.PARAMETER=VALUE: (MODEL, PARAMETER, VALUE); MODEL may be a target (cascade@0.5)."""
+    left, eq, value = text.partition("=")
+    model, dot, key = left.rpartition(".")
+    if not (eq and dot and model and key):
+        raise ValueError(f"--set: {text!r} is not MODEL.PARAMETER=VALUE (e.g. classify_bls.queue_delay_target_ms=0)")
+    return model, key, value
+
+
+def _classify_bls_family(dst: Path) -> list[str]:
+    """classify_bls and every model of the copy that runs its code (its 1/ is classify_bls's)."""
+    own = (dst / "classify_bls" / "1").resolve()
+    return sorted(d.name for d in dst.iterdir()
+                  if d.name == "classify_bls" or ((d / "1").is_symlink() and (d / "1").resolve() == own))
+
+
+def _edit_config(model_dir: Path, max_queue_size: int | None = None, params: dict[str, str] | None = None) -> None:
+    config = parse_config(model_dir)
+    if max_queue_size is not None:
+        if not config.HasField("dynamic_batching"):
+            raise ValueError(f"--max-queue-size: {config.name} has no dynamic batcher, so no queue to bound")
+        config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size
+    for key, value in (params or {}).items():
+        config.parameters[key].string_value = value
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+
+
+def serve_with(dst: Path, max_queue_size: int | None = None, settings: list[tuple[str, str, str]] = ()) -> None:
+    """--max-queue-size and --set on bench_repository()'s copy. The bound goes to classify_bls's
+    dynamic batcher (default_queue_policy), every variant of it and every one-model peer (they
+    batch as classify_bls does); MODEL.PARAMETER=VALUE to that model, or with MODEL classify_bls,
+    to it and every variant of it. A MODEL not in the copy is a ValueError."""
+    family = _classify_bls_family(dst)
+    if max_queue_size is not None:
+        for name in family + sorted(d.name for d in dst.iterdir() if d.name.startswith(f"{PEER}__")):
+            _edit_config(dst / name, max_queue_size=max_queue_size)
+    for model, key, value in settings:
+        name = _model(model)
+        if not (dst / name / "config.pbtxt").is_file():
+            raise ValueError(f"--set {model}.{key}={value}: the repository bls-bench serves has no model {name}")
+        for each in family if name == "classify_bls" else [name]:
+            _edit_config(dst / each, params={key: value})
+
+
+def queue_bound(model_dir: Path) -> str:
+    """The queue bound a model's config gives Triton's dynamic batcher, in words."""
+    config = parse_config(model_dir)
+    if not config.HasField("dynamic_batching"):
+        return "no dynamic batcher"
+    size = config.dynamic_batching.default_queue_policy.max_queue_size
+    return f"max_queue_size {size}" if size else "max_queue_size 0 (unbounded)"
+
+
+def served_description(dst: Path, targets: list[str], max_queue_size: int | None, settings: list[tuple[str, str, str]]) -> str:
+    """Which queue bound (and --set parameters) each target's model was served with."""
+    bounds = [f"{t} with {queue_bound(dst / _model(t))}" for t in targets if (dst / _model(t) / "config.pbtxt").is_file()]
+    text = "bls-bench's own server: " + ", ".join(bounds)
+    text += " (--max-queue-size)" if max_queue_size is not None else " (as the repository configures it)"
+    if settings:
+        text += "; " + ", ".join(f"{m}.{k}={v}" for m, k, v in settings) + " (--set)"
+    return text
+
+
+RUNNING_SERVED = "a running server, with its own config (its queue bounds are not read here)"
+
+
+# ---- the command ------------------------------------------------------------------------------
+OPEN_LOOP_TARGETS = (DEFAULT_TARGET,)
+DEFAULT_DEADLINE_S = {"overload": 0.5, "open_loop": 2.0}
+
+
+def _floats(option: str, text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of numbers above 0")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bls-bench", description=__doc__.splitlines()[0])
-    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep: closed-loop clients per point")
     p.add_argument("--duration", type=float, default=15.0,
-                   help="seconds measured per point (longer until every client sent a request in them)")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds per point before measuring")
-    p.add_argument("--targets", default=",".join(TARGETS),
+                   help="seconds measured per point (longer until every client sent a request in them); with --open-loop, "
+                        "per load")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds per point (with --open-loop, per load) before measuring")
+    p.add_argument("--targets", default=None,
                    help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL, classify_bls@MODEL or {PEER}@MODEL "
                         "for a classifier MODEL of the repository (e.g. resnet50_int8), or any flow model in the repository "
-                        "(as it is configured)")
+                        f"(as it is configured); default {','.join(TARGETS)} (--overload: {','.join(OVERLOAD_TARGETS)}; "
+                        f"--open-loop: {','.join(OPEN_LOOP_TARGETS)})")
     p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
-    p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    p.add_argument("--url", help="use a running server (its own config) instead of starting one")
+    p.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="the concurrency sweep's protocol")
     p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
-    p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (default: the checkout's samples/)")
+    p.add_argument("--images", type=Path, default=default_samples(),
+                   help="folder of JPEG photos, *.jpg and *.jpeg (default: the checkout's samples/)")
+    p.add_argument("--image-size", default=f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}",
+                   help=f"WxH: each photo centre-cropped to 4:3, resized to WxH and re-encoded, sent with its mirror (default "
+                        f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}, as docs/performance.md's tables were measured); {ORIGINAL}: the "
+                        "files as given. bls-bench says per file what it sends.")
+    p.add_argument("--heavy-images", type=int, default=0, metavar="N",
+                   help=f"add N heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} (12-megapixel) JPEGs to the images sent, each a photo "
+                        "scaled up (every mode)")
     p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
     p.add_argument("--shadow-share", type=float, default=1.0, help=f"the {SHADOW_TARGET} target's shadow_share")
     p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results")
-    over = p.add_argument_group("overload mode (--overload): capacity, then a spike of clients with deadlines, then recovery "
-                                "(bls_pipeline/tools/overload.py); --concurrency, --duration and --rounds do not apply")
-    over.add_argument("--overload", action="store_true", help=f"measure goodput past capacity; default targets: {','.join(OVERLOAD_TARGETS)}")
-    over.add_argument("--protocols", default="grpc,http", help="overload: the protocols to measure, in turn")
-    over.add_argument("--deadline", type=float, default=0.5, help="overload: each spike client's deadline, seconds")
-    over.add_argument("--factor", type=float, default=4.0, help="overload: clients = factor x capacity x deadline")
-    over.add_argument("--capacity-clients", type=int, default=8, help="overload: closed-loop clients for capacity and recovery")
-    over.add_argument("--capacity-duration", type=float, default=10.0, help="overload: seconds measured for capacity")
-    over.add_argument("--spike", type=float, default=30.0, help="overload: seconds of the spike")
-    over.add_argument("--recovery", type=float, default=10.0, help="overload: seconds watched after the spike")
-    over.add_argument("--clients", default=",".join(CLIENT_KINDS),
-                      help="overload: the client kinds, each in turn: deadline (only their own: a gRPC deadline, an HTTP "
-                           "client's timeout), timeout (also Triton's timeout request parameter)")
-    over.add_argument("--no-timeout-parameter", action="store_true", help="overload: the same as --clients deadline")
+    server = p.add_argument_group(
+        "the server: without --url or --host bls-bench starts one on a copy of --model-repository (on loopback, on the ports "
+        "given, free ports otherwise)")
+    server.add_argument("--url", help="use a running server (its own config) instead of starting one: HOST:PORT of --protocol's "
+                                      "endpoint (HOST alone: the ports below)")
+    server.add_argument("--host", help="use a running server on HOST instead of starting one, at the ports below")
+    server.add_argument("--http-port", type=int, help=f"HTTP port (a running server's: default {PORT_DEFAULTS['http']})")
+    server.add_argument("--grpc-port", type=int, help=f"gRPC port (a running server's: default {PORT_DEFAULTS['grpc']})")
+    server.add_argument("--metrics-port", type=int,
+                        help=f"metrics port, where the flows' own counts are read (a running server's: default "
+                             f"{PORT_DEFAULTS['metrics']})")
+    server.add_argument("--metrics-url", help="a running server's metrics URL, if not http://HOST:METRICS_PORT/metrics")
+    server.add_argument("--max-queue-size", type=int, metavar="N",
+                        help="serve classify_bls, every variant of it and the one-model peers with this queue bound "
+                             "(dynamic_batching default_queue_policy max_queue_size; 0: unbounded) in bls-bench's copy")
+    server.add_argument("--set", action="append", default=[], metavar="MODEL.PARAMETER=VALUE", dest="set",
+                        help="a parameter of MODEL (a model or target; classify_bls: it and every variant of it) in "
+                             "bls-bench's copy, e.g. classify_bls.queue_delay_target_ms=0; may repeat")
+    load = p.add_argument_group(
+        "overload (--overload) and open-loop (--open-loop) modes: asyncio clients in one thread, each target over each protocol "
+        "and client kind in turn; --concurrency and --rounds do not apply")
+    load.add_argument("--overload", action="store_true",
+                      help="measure goodput past capacity (bls_pipeline/tools/overload.py): capacity, then a spike of clients "
+                           "with deadlines per --factor, then recovery")
+    load.add_argument("--open-loop", metavar="LOADS",
+                      help="measure below capacity (bls_pipeline/tools/openloop.py): capacity, then Poisson arrivals at each "
+                           "of these fractions of it, e.g. 0.5,0.8,0.95, --duration seconds each")
+    load.add_argument("--protocols", default="grpc,http", help="the protocols to measure, in turn")
+    load.add_argument("--deadline", type=float, default=None,
+                      help=f"each request's deadline, seconds (default: --overload {DEFAULT_DEADLINE_S['overload']}, --open-loop "
+                           f"{DEFAULT_DEADLINE_S['open_loop']}); over gRPC the call's deadline, over HTTP the client's timeout")
+    load.add_argument("--clients", default=None,
+                      help="the client kinds, each in turn: deadline (only their own: a gRPC deadline, an HTTP client's "
+                           f"timeout), timeout (also Triton's timeout request parameter); default: --overload "
+                           f"{','.join(CLIENT_KINDS)}, --open-loop deadline")
+    load.add_argument("--capacity-clients", type=int, default=8, help="closed-loop clients that measure capacity (and recovery)")
+    load.add_argument("--capacity-duration", type=float, default=10.0, help="seconds measured for capacity")
+    load.add_argument("--capacity", type=float, metavar="REQUESTS_PER_S",
+                      help="open loop: take this capacity instead of measuring it (the same arrival rates across servers)")
+    load.add_argument("--factor", default="4", help="overload: clients = factor x capacity x deadline; several: 4,8 (a row each)")
+    load.add_argument("--spike", type=float, default=30.0, help="overload: seconds of each spike")
+    load.add_argument("--recovery", type=float, default=10.0, help="overload: seconds watched after each spike")
+    load.add_argument("--no-timeout-parameter", action="store_true", help="overload: the same as --clients deadline")
+    return p
+
+
+def _parsed(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options, with their lists parsed and checked (p.error on a bad one)."""
     args = p.parse_args(argv)
-    if args.overload and "--targets" not in " ".join(argv or sys.argv[1:]):
-        args.targets = ",".join(OVERLOAD_TARGETS)
-    concurrency = [int(c) for c in args.concurrency.split(",")]
-    targets = [t for t in args.targets.split(",") if t]
+    mode = "overload" if args.overload else "open_loop" if args.open_loop else None
+    args.mode = mode
+    try:
+        if args.overload and args.open_loop:
+            raise ValueError("--overload and --open-loop are two runs: give one")
+        args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        default = {"overload": OVERLOAD_TARGETS, "open_loop": OPEN_LOOP_TARGETS}.get(mode, TARGETS)
+        args.targets = [t for t in (args.targets or ",".join(default)).split(",") if t]
+        args.size = parse_image_size(args.image_size)
+        if args.heavy_images < 0:
+            raise ValueError(f"--heavy-images: {args.heavy_images} is below 0")
+        args.factors = _floats("--factor", args.factor)
+        args.loads = _floats("--open-loop", args.open_loop) if args.open_loop else []
+        args.settings = [parse_setting(s) for s in args.set]
+        args.running = running_endpoints(args.url, args.host, {"http": args.http_port, "grpc": args.grpc_port,
+                                                               "metrics": args.metrics_port}, args.metrics_url, args.protocol)
+        if args.running is None and args.metrics_url:
+            raise ValueError("--metrics-url is a running server's (with --url or --host); bls-bench knows its own server's")
+        if args.running is not None and (args.max_queue_size is not None or args.settings):
+            raise ValueError("--max-queue-size and --set change bls-bench's own copy of the repository: not with --url or --host")
+        if args.max_queue_size is not None and args.max_queue_size < 0:
+            raise ValueError(f"--max-queue-size: {args.max_queue_size} is below 0 (0: unbounded)")
+        if args.capacity is not None and mode != "open_loop":
+            raise ValueError("--capacity is for --open-loop")
+        args.protocol_list = [x for x in args.protocols.split(",") if x] if mode else [args.protocol]
+        if set(args.protocol_list) - {"grpc", "http"}:
+            raise ValueError(f"--protocols: {args.protocols!r}; use grpc, http or grpc,http")
+        kinds = "deadline" if args.no_timeout_parameter or (mode == "open_loop" and args.clients is None) else args.clients
+        args.kinds = [k for k in (kinds or ",".join(CLIENT_KINDS)).split(",") if k]
+        if set(args.kinds) - set(CLIENT_KINDS):
+            raise ValueError(f"--clients: unknown kind(s) {sorted(set(args.kinds) - set(CLIENT_KINDS))}; use {','.join(CLIENT_KINDS)}")
+        if args.deadline is None and mode:
+            args.deadline = DEFAULT_DEADLINE_S[mode]
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """bls-bench's options, parsed and checked (what main runs with)."""
+    return _parsed(_parser(), argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = _parsed(p, argv)
+    targets = args.targets
     if args.model_repository is None or args.images is None:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
@@ -581,22 +962,35 @@ def main(argv: list[str] | None = None) -> int:
                  - {t for t in targets if (e := _engine(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
         p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
+    files = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpg", ".jpeg") and f.is_file())
+    try:
+        images = image_set(files, args.size, args.heavy_images)
+    except ValueError as exc:
+        p.error(str(exc))
+    print(announce(images, args.size), file=sys.stderr)
     points: list[Point] = []
     runs: dict[tuple[str, int], list[Point]] = {}
     server = None
     workdir = None
+    endpoints = args.running
+    served = RUNNING_SERVED
     try:
-        if not args.url:
-            from ..serve.server import ServerOptions, TritonServer
-
+        if endpoints is None:
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
             bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers, in_process)
+            try:
+                serve_with(repo, args.max_queue_size, args.settings)
+            except ValueError as exc:
+                p.error(str(exc))
+            served = served_description(repo, targets, args.max_queue_size, args.settings)
             needed = {_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
             if any(_model(t).startswith("classify_bls") and _engine(t) is None and t != DEFAULT_TARGET for t in targets):
                 needed.add(CLASSIFIER)  # the bench's flows call it: without it, their answers are degraded
             needed = tuple(sorted(needed))
-            server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=needed))
+            server = TritonServer(ServerOptions(repo, http_port=args.http_port or free_port(), grpc_port=args.grpc_port or free_port(),
+                                               metrics_port=args.metrics_port or free_port(),
+                                               log_file=workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
             if missing and set(missing) & set(engines):
                 p.error(f"cannot benchmark without {missing}: build the engines first "
@@ -604,24 +998,46 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 p.error(f"cannot benchmark without {', '.join(missing)} ({missing}); random resnet50 weights will do: "
                         + export_hint("resnet50_onnx", weights="random"))
-        samples = sorted(args.images.glob("*.jpg"))
-        images = make_image_set(samples)
-        tensors = tensor_set(images)
-        pages = region_pages(default_samples())
-        big = shared_mug()
-        big_bytes = big.read_bytes() if big else _synthetic_12mp(samples[0])
-        prep = time_preprocess({"500x375 JPEG": images[0], "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
-        top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
+        if not args.mode:  # the sweep's own inputs, before the server starts
+            if not images.sources:
+                p.error("none of the files is an image Pillow reads: the sweep times decode+preprocess on one")
+            try:
+                tensors = tensor_set(images.payloads) if any(_fed_tensors(t) for t in targets) else []
+            except Exception as exc:  # noqa: BLE001 - a file sent as given that does not decode
+                p.error(f"the classifier targets are sent decoded tensors, and an image does not decode ({exc}): "
+                        "leave them out, or the files that are no images")
+            pages = region_pages(default_samples())
+            big = shared_mug()
+            big_bytes = big.read_bytes() if big else _synthetic_12mp(images.sources[0])
+            small = make_image_set(images.sources[:1])[0]
+            prep = time_preprocess({"500x375 JPEG": small,
+                                    "12MP JPEG (3361x2521)" if big else "12MP JPEG (synthetic 4000x3000)": big_bytes})
+            top1 = _top1_with_and_without_draft(args.model_repository / CLASSIFIER / "1" / "model.onnx", big_bytes)
         if server is not None:
             server.start()
-        if args.overload:
-            return _overload(args, targets, images, server, flows)
-        url = args.url or server.url(args.protocol)
+            endpoints = Endpoints(server.http_url, server.grpc_url, server.metrics_url)
+        else:
+            _check_ready(endpoints, args.protocol_list, {t: _model(t) for t in targets})
+        print(f"bls-bench serves: {served}; HTTP {endpoints.http}, gRPC {endpoints.grpc}, metrics {endpoints.metrics}",
+              file=sys.stderr)
+        context = {"image_set": images.summary, "image_notes": images.notes, "served": served, "endpoints": asdict(endpoints)}
+        if args.mode:
+            # A flow's answers are read from its own count on the metrics port, with --url as
+            # without: checked here, before any load, so a wrong port fails at once.
+            known = {t: True if _model(t) in flows or _model(t).startswith("classify_bls") else None for t in targets}
+            try:
+                is_flow = {t: FinishedCounter.for_model(_model(t), endpoints.metrics, endpoints.url(args.protocol_list[0]),
+                                                        args.protocol_list[0], known[t]).by_flow for t in targets}
+            except MetricsUnreadable as exc:
+                raise SystemExit(f"bls-bench: {exc}") from exc
+            run = _overload if args.overload else _open_loop
+            return run(args, targets, images.payloads, endpoints, server, is_flow, context)
+        url = endpoints.url(args.protocol)
         # Interleaved (every target at one concurrency, then the next; rounds outermost):
         # drift on a shared machine hits every target alike.
-        grid = [(r, t, c) for r in range(args.rounds) for c in concurrency for t in targets]
+        grid = [(r, t, c) for r in range(args.rounds) for c in args.concurrency for t in targets]
         for _, target, c in tqdm(grid, desc="bench", unit="point"):
-            payloads = tensors if _fed_tensors(target) else pages if target in REGION_TARGETS else images
+            payloads = tensors if _fed_tensors(target) else pages if target in REGION_TARGETS else images.payloads
             runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
         points = [sorted(rs, key=lambda pt: pt.images_per_s)[len(rs) // 2] for rs in runs.values()]
     finally:
@@ -631,8 +1047,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     points.sort(key=lambda pt: (targets.index(pt.target), pt.concurrency))
-    meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup, "images": len(images),
-            "pages": len(pages), "rounds": args.rounds,
+    meta = {**_machine(), "protocol": args.protocol, "duration_s": args.duration, "warmup_s": args.warmup,
+            "images": len(images.payloads), **context, "pages": len(pages), "rounds": args.rounds,
             "keep_branches": args.keep_branches, "shadow_share": args.shadow_share, "top1_12mp_draft_vs_full": top1}
     meta["ratios"], meta["ratios_per_round"] = ratios(runs, prep)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -647,28 +1063,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _overload(args, targets: list[str], images: list[bytes], server, flows: list[str]) -> int:
-    """--overload: each target over each protocol in turn, one server (bls_pipeline/tools/overload.py)."""
+def _load_grid(args, targets: list[str]) -> list[tuple[str, str, str]]:
+    return [(t, proto, kind) for proto in args.protocol_list for kind in args.kinds for t in targets]
+
+
+def _overload(args, targets: list[str], payloads: list[bytes], endpoints: Endpoints, server, is_flow: dict[str, bool],
+              context: dict) -> int:
+    """--overload: each target over each protocol and client kind in turn, one server
+    (bls_pipeline/tools/overload.py); each factor a row."""
     from . import overload
 
     results = []
-    meta = {**_machine(), "deadline_s": args.deadline, "factor": args.factor, "capacity_clients": args.capacity_clients,
-            "capacity_s": args.capacity_duration, "spike_s": args.spike, "recovery_s": args.recovery}
-    protocols = [p for p in args.protocols.split(",") if p]
-    kinds = ["deadline"] if args.no_timeout_parameter else [k for k in args.clients.split(",") if k]
-    unknown = sorted(set(kinds) - set(CLIENT_KINDS))
-    if unknown:
-        raise SystemExit(f"--clients: unknown kind(s) {unknown}; use {','.join(CLIENT_KINDS)}")
-    grid = [(t, proto, kind) for proto in protocols for kind in kinds for t in targets]
-    for target, protocol, kind in tqdm(grid, desc="overload", unit="target"):
-        url = args.url or server.url(protocol)
-        model = _model(target)
-        is_flow = model in flows or model.startswith(("classify_bls", "classify_bls_in_process"))
-        results.append(overload.run_target(
-            url, protocol, target, model, images, output=LABELS.name, is_flow=is_flow,
-            metrics_url=server.metrics_url if server is not None else None, deadline_s=args.deadline, factor=args.factor,
+    meta = {**_machine(), **context, "deadline_s": args.deadline, "factor": args.factors[0], "factors": args.factors,
+            "capacity_clients": args.capacity_clients, "capacity_s": args.capacity_duration, "spike_s": args.spike,
+            "recovery_s": args.recovery}
+    for target, protocol, kind in tqdm(_load_grid(args, targets), desc="overload", unit="target"):
+        results += overload.run_factors(
+            endpoints.url(protocol), protocol, target, _model(target), payloads, output=LABELS.name, is_flow=is_flow[target],
+            metrics_url=endpoints.metrics, deadline_s=args.deadline, factors=tuple(args.factors),
             capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
-            recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout"))
+            recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout")
         args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
         (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
     if server is not None:  # the stop after the spikes, as an operator's SIGTERM would find the server
@@ -683,9 +1097,36 @@ def _overload(args, targets: list[str], images: list[bytes], server, flows: list
     return 0
 
 
+def _open_loop(args, targets: list[str], payloads: list[bytes], endpoints: Endpoints, server, is_flow: dict[str, bool],
+               context: dict) -> int:
+    """--open-loop: each target over each protocol and client kind in turn, one server
+    (bls_pipeline/tools/openloop.py); each load a row."""
+    from . import openloop
+
+    results = []
+    capacity = (f"{args.capacity:g} requests/s, as given (--capacity)" if args.capacity is not None else
+                f"measured first per target, protocol and client kind: {args.capacity_clients} closed-loop clients, no deadline, "
+                f"{args.capacity_duration} s after {args.warmup} s")
+    meta = {**_machine(), **context, "capacity": capacity, "loads": args.loads, "deadline_s": args.deadline,
+            "duration_s": args.duration, "warmup_s": args.warmup}
+    for target, protocol, kind in tqdm(_load_grid(args, targets), desc="open loop", unit="target"):
+        results += openloop.run_target(
+            endpoints.url(protocol), protocol, target, _model(target), payloads, output=LABELS.name, loads=tuple(args.loads),
+            is_flow=is_flow[target], metrics_url=endpoints.metrics, deadline_s=args.deadline, duration_s=args.duration,
+            warmup_s=args.warmup, capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration,
+            capacity=args.capacity, timeout_parameter=kind == "timeout")
+        args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
+        (args.out / "openloop.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+    table = openloop.markdown(results, meta)
+    (args.out / "openloop.md").write_text(table)
+    print(table)
+    print(f"wrote {args.out}/openloop.json, openloop.md")
+    return 0
+
+
 def _synthetic_12mp(src: Path) -> bytes:
     buf = io.BytesIO()
-    Image.open(src).convert("RGB").resize((4000, 3000), Image.BICUBIC).save(buf, "JPEG", quality=90)
+    Image.open(src).convert("RGB").resize(HEAVY_SIZE, Image.BICUBIC).save(buf, "JPEG", quality=90)
     return buf.getvalue()
 
 

@@ -14,41 +14,26 @@ Per target and protocol, three phases against one server:
 
 Reported per spike: goodput (answers received within their deadline, per second, and as a
 share of capacity), what the server finished in the spike (answers a client could use: the
-flow's own bls_requests_total{code="OK"}, not Triton's success count, which counts a flow's
-refusals too; Triton's success count for models that are not flows) and the share of it
-whose client had already gone, refusals and their latency, and the cores the load generator used. The
-clients are asyncio tasks in this one thread (tritonclient's aio clients), so the load
-generator stays light beside the server on a small machine.
+flow's own bls_requests_total{code="OK"} from the metrics port, with --url as without;
+Triton's success count only for models that are not flows, and the table says that it counts
+refusals too) and the share of it whose client had already gone, refusals (by Triton's queue,
+full or timed out, or by the model) and their latency, and the cores the load generator used.
+Several factors in one run share one capacity measurement, each spike its own row. The
+clients are loadgen.py's: asyncio tasks in this one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import random
-import re
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["OverloadResult", "Tally", "backoff_s", "markdown", "recovery_seconds", "run_target"]
+from .loadgen import TRITON_SUCCESS_COUNTS, AioClient, FinishedCounter, closed_loop, percentile_ms
 
-ANSWERED = "bls_requests_total"  # with code="OK": requests the flow answered with labels
-
-
-@dataclass
-class Tally:
-    """What clients saw in one phase: latencies of answers in time, refusals, deadlines passed."""
-
-    answered_ms: list[float] = field(default_factory=list)  # received within the deadline
-    answered_at: list[float] = field(default_factory=list)  # when each came back (perf_counter)
-    refused_ms: list[float] = field(default_factory=list)  # 503 / UNAVAILABLE, how fast
-    refused_by_queue: int = 0  # of those, by Triton's queue (full, or its timeout) before any stub saw them
-    gone: int = 0  # the deadline passed before an answer: the client moved on
-    errors: int = 0  # anything else (400, 500, a broken connection)
-    error_samples: list[str] = field(default_factory=list)
+__all__ = ["OverloadResult", "markdown", "recovery_seconds", "run_factors", "run_target"]
 
 
 @dataclass
@@ -67,7 +52,7 @@ class OverloadResult:
     finished_for_gone: int  # of those, answers no client was still waiting for
     gone_share: float
     refused: int
-    refused_by_queue: int  # of those, by Triton's queue before any stub saw them
+    refused_by_queue: int  # of those, by Triton's queue (full, or its timeout) before any model saw them
     refusal_p50_ms: float
     refusal_p99_ms: float
     deadlines_passed: int
@@ -76,11 +61,9 @@ class OverloadResult:
     load_cores: float  # CPU the load generator used during the spike, in cores
     timeout_parameter: bool
     error_samples: list[str] = field(default_factory=list)
-
-
-def backoff_s(attempt: int, rng: random.Random, base: float = 0.05, cap: float = 1.0) -> float:
-    """The wait after the attempt-th refusal in a row: full jitter over an exponential, capped."""
-    return rng.uniform(0, min(cap, base * 2 ** max(0, attempt - 1)))
+    factor: float = 4.0  # clients = factor x capacity x deadline
+    refused_by: dict[str, int] = field(default_factory=dict)  # loadgen.REFUSERS -> count
+    finished_counted_by: str = ""  # FinishedCounter.source: the flow's own count, or Triton's success count
 
 
 def recovery_seconds(done_at: np.ndarray, latency_ms: np.ndarray, start: float, normal_p99_ms: float,
@@ -107,195 +90,84 @@ def recovery_seconds(done_at: np.ndarray, latency_ms: np.ndarray, start: float, 
     return None
 
 
-# What Triton's queue says when it refuses a request, before any model sees it.
-_QUEUE_REFUSALS = ("Exceeds maximum queue size", "Request timeout expired")
+def run_factors(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str,
+                is_flow: bool | None, metrics_url: str | None, deadline_s: float = 0.5, factors: tuple[float, ...] = (4.0,),
+                capacity_clients: int = 8, capacity_s: float = 10.0, spike_s: float = 30.0, recovery_s: float = 10.0,
+                warmup_s: float = 3.0, timeout_parameter: bool = True, seed: int = 0) -> list[OverloadResult]:
+    """One target over one protocol (the server already up): its capacity, then for each
+    factor a spike and the recovery after it; one result per factor. What the server finished
+    is the flow's own count (is_flow None: a flow when metrics_url has its series), else
+    Triton's success count (loadgen.FinishedCounter)."""
+    counter = FinishedCounter.for_model(model, metrics_url, url, protocol, is_flow)
 
-
-# ---- the clients --------------------------------------------------------------------------
-class _Client:
-    """One protocol's aio client and how one request's outcome is read."""
-
-    def __init__(self, protocol: str, url: str, connections: int):
-        self.protocol = protocol
-        if protocol == "grpc":
-            import tritonclient.grpc.aio as aio
-        else:
-            import tritonclient.http.aio as aio
-        self.module = aio
-        self.client = aio.InferenceServerClient(url, conn_limit=connections + 8) if protocol == "http" else \
-            aio.InferenceServerClient(url)
-
-    def request(self, model: str, payload: bytes, output: str):
-        tc = self.module
-        inp = tc.InferInput("IMAGE", [1, 1], "BYTES")
-        inp.set_data_from_numpy(np.array([[payload]], dtype=object))
-        return model, [inp], [tc.InferRequestedOutput(output)]
-
-    async def send(self, request, deadline_s: float | None, timeout_parameter: bool) -> str:
-        """"ok", "gone" (the deadline passed), "refused" (503 / UNAVAILABLE; "refused by queue":
-        by Triton's queue, full or timed out) or "error: ..."."""
-        from tritonclient.utils import InferenceServerException
-
-        model, inputs, outputs = request
-        timeout_us = int(deadline_s * 1e6) if deadline_s and timeout_parameter else None
-        try:
-            if self.protocol == "grpc":
-                await self.client.infer(model, inputs, outputs=outputs, client_timeout=deadline_s, timeout=timeout_us)
-            elif deadline_s:
-                await asyncio.wait_for(self.client.infer(model, inputs, outputs=outputs, timeout=timeout_us), deadline_s)
-            else:
-                await self.client.infer(model, inputs, outputs=outputs)
-            return "ok"
-        except asyncio.TimeoutError:
-            return "gone"
-        except InferenceServerException as exc:
-            status = str(exc.status() or "")
-            if "DEADLINE_EXCEEDED" in status:
-                return "gone"
-            if any(says in str(exc) for says in _QUEUE_REFUSALS):
-                return "refused by queue"
-            if "UNAVAILABLE" in status or status == "503":
-                return "refused"
-            return f"error: {status} {exc.message()[:160]}"
-        except Exception as exc:  # noqa: BLE001 - a broken connection is counted, the client goes on
-            return f"error: {type(exc).__name__} {str(exc)[:160]}"
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-async def _clients(client: _Client, requests: list, n: int, deadline_s: float | None, timeout_parameter: bool,
-                   record_from: float, stop_at: float, tally: Tally, seed: int) -> None:
-    """n clients, each back to back: send, wait at most the deadline, send again (after a
-    refusal, back off first). Outcomes are recorded from record_from on."""
-
-    async def one(k: int) -> None:
-        rng = random.Random(seed * 100_003 + k)
-        refusals = 0
-        i = k
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at:
-                return
-            outcome = await client.send(requests[i % len(requests)], deadline_s, timeout_parameter)
-            i += 1
-            done = time.perf_counter()
-            recording = t0 >= record_from and done <= stop_at + (deadline_s or 0)
-            if outcome == "ok":
-                refusals = 0
-                if recording:
-                    tally.answered_ms.append((done - t0) * 1e3)
-                    tally.answered_at.append(done)
-            elif outcome.startswith("refused"):
-                refusals += 1
-                if recording:
-                    tally.refused_ms.append((done - t0) * 1e3)
-                    tally.refused_by_queue += outcome == "refused by queue"
-                await asyncio.sleep(backoff_s(refusals, rng))
-            elif outcome == "gone":
-                if recording:
-                    tally.gone += 1
-            else:
-                if recording:
-                    tally.errors += 1
-                    if len(tally.error_samples) < 3:
-                        tally.error_samples.append(outcome)
-                await asyncio.sleep(0.01)
-
-    await asyncio.gather(*(one(k) for k in range(n)))
-
-
-# ---- what the server finished ----------------------------------------------------------------
-def _answered_images(metrics_url: str, model: str) -> float:
-    """The requests the flow answered with labels so far (bls_requests_total{code="OK"}, summed
-    over instances): one image each here."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="OK")[^}}]*}} ([0-9.e+]+)$', re.M)
-    return sum(float(v) for v in pattern.findall(text))
-
-
-def _success_count(url: str, protocol: str, model: str) -> float:
-    from ..serve.client import tritonclient_module
-
-    tc = tritonclient_module(protocol)
-    client = tc.InferenceServerClient(url)
-    try:
-        stats = (client.get_inference_statistics(model_name=model, as_json=True) if protocol == "grpc"
-                 else client.get_inference_statistics(model_name=model))["model_stats"]
-        return float(sum(int(s["inference_stats"].get("success", {}).get("count", 0)) for s in stats))
-    finally:
-        client.close()
-
-
-def _finished(url: str, protocol: str, metrics_url: str | None, model: str, is_flow: bool) -> float:
-    return _answered_images(metrics_url, model) if is_flow and metrics_url else _success_count(url, protocol, model)
-
-
-# ---- one target ------------------------------------------------------------------------------
-async def _phase(client: _Client, requests: list, n: int, deadline_s: float | None, timeout_parameter: bool,
-                 warmup_s: float, duration_s: float, seed: int) -> tuple[Tally, float, float]:
-    tally = Tally()
-    start = time.perf_counter()
-    record_from, stop_at = start + warmup_s, start + warmup_s + duration_s
-    await _clients(client, requests, n, deadline_s, timeout_parameter, record_from, stop_at, tally, seed)
-    return tally, record_from, stop_at
-
-
-def run_target(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str, is_flow: bool,
-               metrics_url: str | None, deadline_s: float = 0.5, factor: float = 4.0, capacity_clients: int = 8,
-               capacity_s: float = 10.0, spike_s: float = 30.0, recovery_s: float = 10.0, warmup_s: float = 3.0,
-               timeout_parameter: bool = True, seed: int = 0) -> OverloadResult:
-    """The three phases for one target over one protocol (the server already up)."""
-
-    async def run() -> OverloadResult:
-        client = _Client(protocol, url, max(capacity_clients, 4096))
+    async def run() -> list[OverloadResult]:
+        client = AioClient(protocol, url, max(capacity_clients, 4096))
         requests = [client.request(model, p, output) for p in payloads]
+        results = []
         try:
-            normal, t0, t1 = await _phase(client, requests, capacity_clients, None, False, warmup_s, capacity_s, seed)
+            normal, t0, t1 = await closed_loop(client, requests, capacity_clients, None, False, warmup_s, capacity_s, seed)
             capacity = len(normal.answered_ms) / (t1 - t0)
-            lat = np.array(normal.answered_ms)
-            p50, p99 = (float(np.percentile(lat, 50)), float(np.percentile(lat, 99))) if len(lat) else (math.nan, math.nan)
-            clients = max(capacity_clients + 1, math.ceil(factor * capacity * deadline_s))
-            finished_before = _finished(url, protocol, metrics_url, model, is_flow)
-            cpu0 = time.process_time()
-            spike, s0, s1 = await _phase(client, requests, clients, deadline_s, timeout_parameter, 0.0, spike_s, seed + 1)
-            cpu = time.process_time() - cpu0
-            finished = _finished(url, protocol, metrics_url, model, is_flow) - finished_before
-            after, r0, _ = await _phase(client, requests, capacity_clients, None, False, 0.0, recovery_s, seed + 2)
+            p50, p99 = percentile_ms(normal.answered_ms, 50), percentile_ms(normal.answered_ms, 99)
+            for n, factor in enumerate(factors):
+                clients = max(capacity_clients + 1, math.ceil(factor * capacity * deadline_s))
+                finished_before = counter.read()
+                cpu0 = time.process_time()
+                spike, s0, s1 = await closed_loop(client, requests, clients, deadline_s, timeout_parameter, 0.0, spike_s,
+                                                  seed + 1 + 2 * n)
+                cpu = time.process_time() - cpu0
+                finished = counter.read() - finished_before
+                after, r0, _ = await closed_loop(client, requests, capacity_clients, None, False, 0.0, recovery_s, seed + 2 + 2 * n)
+                in_time = len(spike.answered_ms)
+                back = recovery_seconds(np.array(after.answered_at), np.array(after.answered_ms), r0, p99)
+                wasted = max(0, int(round(finished)) - in_time)
+                results.append(OverloadResult(
+                    target, protocol, capacity, p50, p99, clients, deadline_s, spike_s, in_time / (s1 - s0),
+                    in_time / (s1 - s0) / capacity if capacity else math.nan, int(round(finished)), wasted,
+                    wasted / finished if finished else 0.0, len(spike.refused_ms), spike.refused_by_queue,
+                    percentile_ms(spike.refused_ms, 50), percentile_ms(spike.refused_ms, 99),
+                    spike.gone, spike.errors, back, cpu / (s1 - s0), timeout_parameter, spike.error_samples + normal.error_samples,
+                    factor, dict(spike.refused_by), counter.source))
         finally:
             await client.close()
-        in_time = len(spike.answered_ms)
-        refused = np.array(spike.refused_ms)
-        back = recovery_seconds(np.array(after.answered_at), np.array(after.answered_ms), r0, p99)
-        wasted = max(0, int(round(finished)) - in_time)
-        return OverloadResult(
-            target, protocol, capacity, p50, p99, clients, deadline_s, spike_s, in_time / (s1 - s0),
-            in_time / (s1 - s0) / capacity if capacity else math.nan, int(round(finished)), wasted,
-            wasted / finished if finished else 0.0, len(refused), spike.refused_by_queue,
-            float(np.percentile(refused, 50)) if len(refused) else math.nan,
-            float(np.percentile(refused, 99)) if len(refused) else math.nan,
-            spike.gone, spike.errors, back, cpu / (s1 - s0), timeout_parameter, spike.error_samples + normal.error_samples)
+        return results
 
     return asyncio.run(run())
 
 
+def run_target(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str, is_flow: bool | None,
+               metrics_url: str | None, deadline_s: float = 0.5, factor: float = 4.0, **kwargs) -> OverloadResult:
+    """run_factors at one factor."""
+    (result,) = run_factors(url, protocol, target, model, payloads, output=output, is_flow=is_flow, metrics_url=metrics_url,
+                            deadline_s=deadline_s, factors=(factor,), **kwargs)
+    return result
+
+
 def markdown(results: list[OverloadResult], meta: dict) -> str:
-    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. One 500x375 JPEG per request; "
-             f"capacity: {meta.get('capacity_clients')} closed-loop clients for {meta.get('capacity_s')} s; spike: "
-             f"{meta.get('factor')}x overload (clients = {meta.get('factor')} x capacity x deadline) for "
-             f"{meta.get('spike_s')} s; recovery watched for {meta.get('recovery_s')} s.", "",
-             "| target | protocol, client | capacity img/s | normal p50 / p99 ms | clients | deadline s | in time /s | goodput / capacity "
-             "| finished by the server | of those, client gone | refused (by Triton's queue) | refusal p50 / p99 ms | deadlines passed | errors "
-             "| p99 normal again after s | load generator cores |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    factors = ", ".join(f"{f:g}x" for f in dict.fromkeys(r.factor for r in results)) or f"{meta.get('factor')}x"
+    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. Images: {meta.get('image_set')}; one per request. "
+             f"Served: {meta.get('served')}. Capacity: {meta.get('capacity_clients')} closed-loop clients for "
+             f"{meta.get('capacity_s')} s; spikes: {factors} overload (clients = factor x capacity x deadline), "
+             f"{meta.get('spike_s')} s each; recovery watched for {meta.get('recovery_s')} s after each.", "",
+             "| target | protocol, client | factor | capacity img/s | normal p50 / p99 ms | clients | deadline s | in time /s "
+             "| goodput / capacity | finished by the server | of those, client gone | refused: queue full / queue timeout / model "
+             "| refusal p50 / p99 ms | deadlines passed | errors | p99 normal again after s | load generator cores |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    triton_counted = False
     for r in results:
         back = "not within the window" if r.recovery_s is None else f"{r.recovery_s:.2f}"
         refusals = "-" if not r.refused else f"{r.refusal_p50_ms:.0f} / {r.refusal_p99_ms:.0f}"
         proto = r.protocol + (", deadline + timeout parameter" if r.timeout_parameter else ", deadline only")
-        lines.append(f"| {r.target} | {proto} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / {r.normal_p99_ms:.0f} "
-                     f"| {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | {r.goodput_ratio:.2f} | {r.finished} "
-                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} ({r.refused_by_queue}) | {refusals} "
+        by = r.refused_by
+        mark = "" if r.finished_counted_by.startswith("bls_") else " *"
+        triton_counted |= bool(mark)
+        lines.append(f"| {r.target} | {proto} | {r.factor:g} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / {r.normal_p99_ms:.0f} "
+                     f"| {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | {r.goodput_ratio:.2f} | {r.finished}{mark} "
+                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} ({by.get('queue full', 0)} / "
+                     f"{by.get('queue timeout', 0)} / {by.get('model', 0)}) | {refusals} "
                      f"| {r.deadlines_passed} | {r.errors} | {back} | {r.load_cores:.2f} |")
+    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code="OK"} (the requests it answered with labels).']
+    if triton_counted:
+        lines[-1] += f" * Not a flow: {TRITON_SUCCESS_COUNTS}, so this figure and the client-gone share can be too high."
     stop = meta.get("stop")
     if stop:
         lines += ["", f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code "
