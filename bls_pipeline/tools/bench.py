@@ -753,7 +753,7 @@ def parse_setting(text: str) -> tuple[str, str, str]:
     left, eq, value = text.partition("=")
     model, dot, key = left.rpartition(".")
     if not (eq and dot and model and key):
-        raise ValueError(f"--set: {text!r} is not MODEL.PARAMETER=VALUE (e.g. classify_bls.queue_delay_target_ms=0)")
+        raise ValueError(f"--set: {text!r} is not MODEL.PARAMETER=VALUE (e.g. classify_bls.latency_target_ms=0)")
     return model, key, value
 
 
@@ -873,7 +873,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(dynamic_batching default_queue_policy max_queue_size; 0: unbounded) in bls-bench's copy")
     server.add_argument("--set", action="append", default=[], metavar="MODEL.PARAMETER=VALUE", dest="set",
                         help="a parameter of MODEL (a model or target; classify_bls: it and every variant of it) in "
-                             "bls-bench's copy, e.g. classify_bls.queue_delay_target_ms=0; may repeat")
+                             "bls-bench's copy, e.g. classify_bls.latency_target_ms=0; may repeat")
     load = p.add_argument_group(
         "overload (--overload) and open-loop (--open-loop) modes: asyncio clients in one thread, each target over each protocol "
         "and client kind in turn; --concurrency and --rounds do not apply")

@@ -6,7 +6,7 @@ generator stays light beside the server on a small machine. The overload mode
 (overload.py) and the open-loop mode (openloop.py) share them.
 
 What the server finished comes from the flow's own count of requests it answered with labels
-(`bls_requests_total{code="OK"}` on Triton's metrics port), read the same way whether bls-bench
+(`bls_requests_total{code=~"OK|GONE"}` on Triton's metrics port), read the same way whether bls-bench
 started the server or was given one. For a model that is not a flow the only count is
 Triton's success count, and that one counts more than answers (TRITON_SUCCESS_COUNTS).
 """
@@ -27,7 +27,8 @@ import numpy as np
 __all__ = ["AioClient", "FinishedCounter", "MetricsUnreadable", "REFUSERS", "TRITON_SUCCESS_COUNTS", "Tally", "backoff_s",
            "closed_loop", "flow_answered", "model_statistics", "outcome_of", "outcome_of_exception", "percentile_ms", "read_metrics"]
 
-ANSWERED = "bls_requests_total"  # with code="OK": requests the flow answered with labels
+ANSWERED = "bls_requests_total"  # with code="OK" or "GONE": requests the flow answered with labels
+FINISHED_CODES = ("OK", "GONE")  # GONE: answered after its client had gone (adapter/metrics.py)
 
 # Who refused a request (503 / UNAVAILABLE): Triton's queue before any model saw it, full
 # ("Exceeds maximum queue size") or after the request waited out its timeout there ("Request
@@ -204,11 +205,17 @@ def read_metrics(metrics_url: str) -> str:
 
 
 def flow_answered(metrics_text: str, model: str) -> float | None:
-    """The requests `model` answered with labels so far (bls_requests_total{code="OK"}, summed
-    over its series); None when the text has no such series (the model is not a flow)."""
-    pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="OK")[^}}]*}} ([0-9.e+]+)$', re.M)
-    values = pattern.findall(metrics_text)
-    return sum(float(v) for v in values) if values else None
+    """The requests `model` answered with labels so far, for a client still there or one gone
+    meanwhile (bls_requests_total{code="OK"} and {code="GONE"}, summed over its series); None
+    when the text has no OK series (the model is not a flow)."""
+    values = {}
+    for code in FINISHED_CODES:
+        pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="{code}")[^}}]*}} ([0-9.e+]+)$',
+                             re.M)
+        values[code] = pattern.findall(metrics_text)
+    if not values["OK"]:
+        return None
+    return sum(float(v) for found in values.values() for v in found)
 
 
 def model_statistics(client, protocol: str, model: str) -> dict:
@@ -234,7 +241,7 @@ def _triton_success(url: str, protocol: str, model: str) -> float:
 @dataclass(frozen=True)
 class FinishedCounter:
     """How many requests a model finished so far, and from which count: the flow's own
-    (`by_flow`: bls_requests_total{code="OK"} on metrics_url) or Triton's success count."""
+    (`by_flow`: bls_requests_total{code=~"OK|GONE"} on metrics_url) or Triton's success count."""
 
     model: str
     by_flow: bool
@@ -260,7 +267,7 @@ class FinishedCounter:
 
     @property
     def source(self) -> str:
-        return f'{ANSWERED}{{code="OK"}}' if self.by_flow else "Triton's success count"
+        return f'{ANSWERED}{{code=~"OK|GONE"}}' if self.by_flow else "Triton's success count"
 
     def read_settled(self, at_least: float = 0.0, quiet_s: float = 0.6, timeout_s: float = 10.0) -> float:
         """read() once the count holds still for quiet_s and is at least `at_least`, with no

@@ -172,7 +172,7 @@ def markdown(results: list[OpenLoopResult], meta: dict) -> str:
         lines.append(f"| {r.target} | {proto} | {r.load:g}x | {r.rate_per_s:.1f} ({r.capacity_per_s:.1f}) | {r.sent} | {r.answered} "
                      f"| {r.refused} ({r.refused / max(r.sent, 1):.1%}) | {by} | {r.deadlines_passed} | {r.errors} | {answers} "
                      f"| {refusal} | {r.finished}{mark} ({r.finished_for_gone}) | {late} | {r.load_cores:.2f} |")
-    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code="OK"} (the requests it answered with labels). '
+    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered with labels, its client there or gone). '
                   f"Sent late: sends more than {LATE_MS:g} ms behind their scheduled time; FELL BEHIND: over {LATE_SHARE:.0%} of "
                   "them, the arrivals were not the Poisson process asked for (a busy machine, or too high a rate for one "
                   "thread of clients)."]

@@ -14,7 +14,7 @@ Per target and protocol, three phases against one server:
 
 Reported per spike: goodput (answers received within their deadline, per second, and as a
 share of capacity), what the server finished in the spike (answers a client could use: the
-flow's own bls_requests_total{code="OK"} from the metrics port, with --url as without;
+flow's own bls_requests_total{code=~"OK|GONE"} from the metrics port, with --url as without;
 Triton's success count only for models that are not flows, and the table says that it counts
 refusals too) and the share of it whose client had already gone, refusals (by Triton's queue,
 full or timed out, or by the model) and their latency, and the cores the load generator used.
@@ -165,7 +165,7 @@ def markdown(results: list[OverloadResult], meta: dict) -> str:
                      f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} ({by.get('queue full', 0)} / "
                      f"{by.get('queue timeout', 0)} / {by.get('model', 0)}) | {refusals} "
                      f"| {r.deadlines_passed} | {r.errors} | {back} | {r.load_cores:.2f} |")
-    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code="OK"} (the requests it answered with labels).']
+    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered with labels, its client there or gone).']
     if triton_counted:
         lines[-1] += f" * Not a flow: {TRITON_SUCCESS_COUNTS}, so this figure and the client-gone share can be too high."
     stop = meta.get("stop")

@@ -99,13 +99,15 @@ METRICS = """# HELP bls_requests_total Users' requests the flow model finished
 bls_requests_total{code="OK",model="classify_bls",instance="classify_bls_0_0"} 40
 bls_requests_total{model="classify_bls",instance="classify_bls_0_1",code="OK"} 2
 bls_requests_total{code="UNAVAILABLE",model="classify_bls",instance="classify_bls_0_0"} 300
+bls_requests_total{code="GONE",model="classify_bls",instance="classify_bls_0_1"} 5
 bls_requests_total{code="OK",model="classify_bls_default",instance="classify_bls_default_0_0"} 7
 nv_inference_request_success{model="classify_bls",version="1"} 342
 """
 
 
-def test_a_flows_answers_are_its_ok_series_summed_over_instances():
-    assert flow_answered(METRICS, "classify_bls") == 42  # not its refusals, not Triton's 342
+def test_a_flows_answers_are_its_ok_and_gone_series_summed_over_instances():
+    # Answered for a client still there (OK) or one gone meanwhile (GONE): not its refusals, not Triton's 342.
+    assert flow_answered(METRICS, "classify_bls") == 47
     assert flow_answered(METRICS, "classify_bls_default") == 7
     assert flow_answered(METRICS, "ensemble_resnet50") is None  # not a flow
 
@@ -138,7 +140,7 @@ def metrics_endpoint():
 def test_a_flow_is_counted_from_the_metrics_and_a_model_that_is_not_from_tritons_success(metrics_endpoint):
     _Metrics.texts = [METRICS]
     flow = FinishedCounter.for_model("classify_bls", metrics_endpoint, "127.0.0.1:1", "grpc")
-    assert flow.by_flow and flow.read() == 42 and flow.source == 'bls_requests_total{code="OK"}'
+    assert flow.by_flow and flow.read() == 47 and flow.source == 'bls_requests_total{code=~"OK|GONE"}'
     other = FinishedCounter.for_model("ensemble_resnet50", metrics_endpoint, "127.0.0.1:1", "grpc")
     assert not other.by_flow and other.source == "Triton's success count"
 
@@ -159,7 +161,7 @@ def test_a_settled_read_waits_for_the_flows_flushed_counts(metrics_endpoint):
     holds and covers what the clients were answered."""
     _Metrics.texts = [METRICS.replace(" 40\n", f" {n}\n") for n in (10, 20, 30, 40)]
     counter = FinishedCounter.for_model("classify_bls", metrics_endpoint, "127.0.0.1:1", "grpc")
-    assert counter.read_settled(at_least=42, quiet_s=0.3) == 42
+    assert counter.read_settled(at_least=47, quiet_s=0.3) == 47
 
 
 # ---- the tables --------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_each_mode_has_its_own_defaults():
     (["--open-loop", "0.5", "--clients", "patient"], "unknown kind"),
     (["--image-size", "big"], "WxH"),
     (["--heavy-images", "-1"], "below 0"),
-    (["--set", "queue_delay_target_ms=0"], "MODEL.PARAMETER=VALUE"),
+    (["--set", "latency_target_ms=0"], "MODEL.PARAMETER=VALUE"),
 ])
 def test_bad_mode_options_are_refused_naming_them(argv, says, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -152,11 +152,11 @@ def test_another_queue_bound_goes_to_classify_bls_its_variants_and_the_peers(cop
 
 
 def test_a_set_parameter_goes_to_that_model_or_to_every_classify_bls(copy):
-    serve_with(copy, settings=[("classify_bls", "queue_delay_target_ms", "0"), ("cascade@0.5", "cascade_threshold", "0.7")])
+    serve_with(copy, settings=[("classify_bls", "latency_target_ms", "0"), ("cascade@0.5", "cascade_threshold", "0.7")])
     for name in ("classify_bls", DEFAULT_TARGET, _model("cascade@0.9"), "classify_bls_shadow"):
-        assert string_parameters(parse_config(copy / name))["queue_delay_target_ms"] == "0", name
+        assert string_parameters(parse_config(copy / name))["latency_target_ms"] == "0", name
     assert string_parameters(parse_config(copy / _model("cascade@0.5")))["cascade_threshold"] == "0.7"
     assert string_parameters(parse_config(copy / _model("cascade@0.9")))["cascade_threshold"] == "0.9"
-    assert "queue_delay_target_ms" not in string_parameters(parse_config(copy / f"{PEER}__efficientnet_lite0_onnx"))
+    assert "latency_target_ms" not in string_parameters(parse_config(copy / f"{PEER}__efficientnet_lite0_onnx"))
     with pytest.raises(ValueError, match="no model nowhere"):
         serve_with(copy, settings=[("nowhere", "x", "1")])
