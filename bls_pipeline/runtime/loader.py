@@ -19,9 +19,10 @@ from typing import Callable
 
 from .modelconfig import parse_config, string_parameters
 from .parameters import Parameters
-from .settings import ConfigError, Settings, parse_settings
+from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
 
-__all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences", "is_flow_model", "load_flow"]
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences",
+           "flow_settings", "is_flow_model", "load_flow"]
 
 FLOW_FILE = "flow.py"
 
@@ -82,13 +83,19 @@ def declared_models(model_dir: Path, version: str = "1") -> tuple[str, ...]:
     return tuple(dict.fromkeys(m for models in declared_preferences(model_dir, version) for m in models))
 
 
+def flow_settings(model_dir: Path, version: str = "1") -> tuple[RuntimeSettings, Settings]:
+    """The flow model's settings as it loads them: its flow.py's defaults and the runtime's,
+    with what its config.pbtxt sets (the config carries only what differs from them)."""
+    model_dir = Path(model_dir)
+    flow = load_flow(model_dir / version / FLOW_FILE)
+    return parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+
+
 def declared_calls(model_dir: Path, version: str = "1") -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]:
     """The flow's lists of candidates, each in its order of preference (a shadow's or a
     canary's model a list of its own), and the children it runs in its own process (its
     run_in_process), both with its config.pbtxt's settings applied: the flow read once."""
-    model_dir = Path(model_dir)
-    flow = load_flow(model_dir / version / FLOW_FILE)
-    runtime, settings = parse_settings(string_parameters(parse_config(model_dir)), flow.settings, model_dir.name)
+    runtime, settings = flow_settings(model_dir, version)
     trials = tuple((t.model,) for t in (runtime.shadow, runtime.canary) if t is not None)
     return tuple(tuple(c) for c in settings.candidate_lists()) + trials, runtime.run_in_process
 

@@ -674,9 +674,9 @@ def _as_served(repo: Path, flow: Path) -> dict[str, str]:
 
     if exported_weights(repo / CLASSIFIER / "1" / "model.onnx") != "random":
         return {}
-    from ..runtime.modelconfig import string_parameters
+    from ..runtime.loader import flow_settings
 
-    kept = [m for m in string_parameters(parse_config(flow))["classifiers"].split(",") if not m.startswith("resnet50_")]
+    kept = [m for m in flow_settings(flow)[1].classifiers if not m.startswith("resnet50_")]
     return {"classifiers": ",".join(kept) or "resnet50_trt"}
 
 

@@ -52,11 +52,11 @@ def test_native_config_is_the_python_config_on_tritons_own_backend(family, kind)
 @pytest.mark.parametrize("flow, keys", [("classify_bls", ("cascade_classifiers", "classifiers")),
                                         ("triage_bls", ("first_voter", "second_voter"))])
 def test_engines_come_before_fp32_onnx_in_every_candidate_list(flow, keys):
-    params = string_parameters(parse_config(MODELS / flow))
-    source = (MODELS / flow / "1" / "flow.py").read_text()
+    from bls_pipeline.runtime.loader import flow_settings
+
+    settings = flow_settings(MODELS / flow)[1]
     for key in keys:
-        candidates = params[key].split(",")
-        assert f'"{params[key]}"' in source, f"{flow}/1/flow.py's default for {key} differs from its config.pbtxt"
+        candidates = list(getattr(settings, key))
         family = candidates[-1].rsplit("_", 1)[0]
         assert candidates[-1] == f"{family}_onnx"  # FP32 onnxruntime: the fallback of last resort
         assert all(f"{family}_{engine}" in candidates[:-1] for engine in ENGINES), candidates

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bls_pipeline.runtime.modelconfig import config_variant
 from bls_pipeline.serve.repository import export_hint, plan_loading, standby_models
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -102,10 +103,8 @@ def test_an_ensemble_step_or_a_model_first_in_any_list_is_not_on_standby(repo):
         (repo / f"{family}_int8" / "1" / "model.onnx").write_bytes(GRAPH_ONLY)
     _run_in_process(repo, "classify_bls", "none")  # every call through Triton
     shutil.copytree(repo / "classify_bls", repo / "onnx_first")
-    config = (repo / "onnx_first" / "config.pbtxt").read_text().replace('name: "classify_bls"', 'name: "onnx_first"')
-    config = config.replace('"efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"',
-                            '"efficientnet_lite0_onnx,efficientnet_lite0_int8"')
-    (repo / "onnx_first" / "config.pbtxt").write_text(config)
+    (repo / "onnx_first" / "config.pbtxt").write_text(config_variant(repo / "classify_bls", "onnx_first", {
+        "cascade_classifiers": "efficientnet_lite0_onnx,efficientnet_lite0_int8"}))
     plan = plan_loading(repo, {"python"}, only=("classify_bls", "ensemble_resnet50", "onnx_first"))
     assert {"efficientnet_lite0_onnx", "resnet50_onnx", "resnet50_int8"} <= set(plan.load)
     assert plan.standby == {}

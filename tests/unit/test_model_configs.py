@@ -178,7 +178,9 @@ def test_ensemble_baseline_contract():
     _assert_tensors(pre.output, (contract.CLASSIFIER_INPUT,))
     _assert_tensors(post.input, (contract.CLASSIFIER_OUTPUT,))
     # Same default top-k as classify_bls, so the two answer alike.
-    assert string_parameters(post)["default_topk"] == string_parameters(parse_config(MODELS / "classify_bls"))["default_topk"]
+    from bls_pipeline.runtime.loader import flow_settings
+
+    assert int(string_parameters(post)["default_topk"]) == flow_settings(MODELS / "classify_bls")[0].default_topk
 
 
 def test_config_variant_renames_and_sets_parameters():
@@ -188,5 +190,22 @@ def test_config_variant_renames_and_sets_parameters():
     cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
     params = string_parameters(cfg)
     assert cfg.name == "classify_bls_x" and params["tta_threshold"] == "0.9" and params["route_recheck_s"] == "1"
-    assert params["classifiers"] == string_parameters(parse_config(MODELS / "classify_bls"))["classifiers"]
+    assert params["run_in_process"] == string_parameters(parse_config(MODELS / "classify_bls"))["run_in_process"]
     parse_settings(params, load_flow(MODELS / "classify_bls" / "1" / "flow.py").settings, "classify_bls_x")  # still valid
+
+
+def test_a_flows_config_sets_only_what_differs_from_its_defaults():
+    """A flow's defaults live in one place: its flow.py's Settings and the runtime's. Its
+    config.pbtxt carries only what differs (a copied default would drift from the code)."""
+    from bls_pipeline.runtime.loader import is_flow_model
+
+    flows = [d for d in sorted(MODELS.iterdir()) if is_flow_model(d)]
+    assert {d.name for d in flows} >= {"classify_bls", "triage_bls", "read_text"}
+    for folder in flows:
+        flow = load_flow(folder / "1" / "flow.py")
+        params = string_parameters(parse_config(folder))
+        default_runtime, default_settings = parse_settings({}, flow.settings, folder.name)
+        for key in params:
+            one_runtime, one_settings = parse_settings({key: params[key]}, flow.settings, folder.name)
+            assert (one_runtime, one_settings) != (default_runtime, default_settings), \
+                f"{folder.name}/config.pbtxt sets {key}={params[key]!r}, its default: leave it out"

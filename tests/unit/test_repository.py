@@ -16,9 +16,11 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def _listed(model: str, *keys: str) -> tuple[str, ...]:
-    """The model names these config.pbtxt parameters list, as written there."""
-    params = string_parameters(parse_config(MODELS / model))
-    return tuple(name.strip() for key in keys for name in params[key].split(","))
+    """The model names these settings list, as the flow loads them (its defaults, its config.pbtxt)."""
+    from bls_pipeline.runtime.loader import flow_settings
+
+    settings = flow_settings(MODELS / model)[1]
+    return tuple(name for key in keys for name in getattr(settings, key))
 
 
 CLASSIFIERS = _listed("classify_bls", "cascade_classifiers", "classifiers")  # efficientnet_lite0_*, then resnet50_*
