@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import IMAGE
+from ..contract import IMAGE, ROUTE
 from ..serve.client import check_server, find_images, tritonclient_module
 from ..serve.paths import checkout, default_models, default_samples
 
-__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "request_parameter", "run_perf_analyzer"]
+__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "request_parameter", "run_perf_analyzer",
+           "with_routes"]
 
 
 # ---- the input-data file -----------------------------------------------------------------
@@ -84,6 +85,16 @@ def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], o
         client.close()
 
 
+def with_routes(images: list[bytes], expected: list[dict[str, list]], branches: set[str]) -> tuple[list[bytes], list[dict[str, list]]]:
+    """The images whose expected ROUTE ends in one of `branches` (ROUTE is `model:branch`), and
+    their expected answers: e.g. classify_bls's `confident`, answers that no load can change,
+    where an escalated image may come back degraded when resnet50 is busy."""
+    if any(ROUTE.name not in e for e in expected):
+        raise ValueError(f"keeping images by route needs {ROUTE.name} among the expected outputs")
+    kept = [(image, e) for image, e in zip(images, expected) if e[ROUTE.name][0].rpartition(":")[2] in branches]
+    return [image for image, _ in kept], [e for _, e in kept]
+
+
 _TYPES = {"int": int, "bool": lambda v: {"true": True, "false": False}[v], "string": str}
 
 
@@ -131,10 +142,24 @@ def _data_main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"bls-perf data: error: {exc}", file=sys.stderr)
             return 2
+    kept = ""
+    if args.only_routes:
+        if expected is None or any(ROUTE.name not in e for e in expected):
+            print("bls-perf data: error: --only-routes keeps images by the ROUTE the server answers: give --expect ROUTE",
+                  file=sys.stderr)
+            return 2
+        branches, asked, routes = set(args.only_routes.split(",")), len(images), sorted({e[ROUTE.name][0] for e in expected})
+        images, expected = with_routes(images, expected, branches)
+        wanted = " or :".join(sorted(branches))
+        if not images:
+            print(f"bls-perf data: error: no image's ROUTE ends in :{wanted} (their routes now: {', '.join(routes)})",
+                  file=sys.stderr)
+            return 2
+        kept = f" (of {asked}: those whose ROUTE ends in :{wanted})"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(input_data(images, expected)))
     checked = f", each answer's {args.expect} checked against {args.model}'s answers now" if expected else ""
-    print(f"wrote {args.out}: {len(images)} requests{checked}")
+    print(f"wrote {args.out}: {len(images)} requests{kept}{checked}")
     return 0
 
 
@@ -301,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                         "what --model at --url answers for each image now; perf_analyzer then fails on any other answer")
     d.add_argument("--request-parameter", type=request_parameter, action="append", default=[], metavar="NAME:VALUE:TYPE",
                    help="with --expect: a request parameter to ask with, as perf_analyzer will send it (skip_cascade:true:bool)")
+    d.add_argument("--only-routes", metavar="BRANCHES",
+                   help="with --expect ROUTE: keep only the images whose ROUTE now ends in one of these comma-separated "
+                        "branches (confident: answers no load changes; an escalated image may come back degraded under load)")
     d.add_argument("--model", default="classify_bls", help="with --expect: the model to ask")
     d.add_argument("--url", help="with --expect: the server (default 127.0.0.1:8001 for grpc, :8000 for http)")
     d.add_argument("--protocol", choices=("grpc", "http"), default="grpc")

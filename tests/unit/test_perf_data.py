@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from bls_pipeline.tools.perf import input_data, request_parameter
+from bls_pipeline.tools.perf import input_data, request_parameter, with_routes
 
 
 def test_a_bytes_element_is_its_length_then_its_bytes(sample_images):
@@ -37,3 +37,13 @@ def test_request_parameters_read_as_perf_analyzer_sends_them():
     for bad in ("timeout:500000", "skip_cascade:yes:bool", "timeout:soon:int", "x:1:float"):
         with pytest.raises(argparse.ArgumentTypeError, match="NAME:VALUE:TYPE"):
             request_parameter(bad)
+
+
+def test_only_the_images_of_the_routes_asked_stay_with_their_answers():
+    expected = [{"ROUTE": ["cheap:confident"]}, {"ROUTE": ["main:escalated"]}, {"ROUTE": ["cheap:degraded"]},
+                {"ROUTE": ["cheap:confident"]}]
+    images, kept = with_routes([b"1", b"2", b"3", b"4"], expected, {"confident"})
+    assert images == [b"1", b"4"] and kept == [expected[0], expected[3]]
+    assert with_routes([b"1", b"2"], expected[:2], {"direct"}) == ([], [])
+    with pytest.raises(ValueError, match="needs ROUTE among the expected outputs"):
+        with_routes([b"1"], [{"TEXT": ["a"]}], {"confident"})
