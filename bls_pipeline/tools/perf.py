@@ -3,7 +3,9 @@
 `bls-perf data` writes perf_analyzer's --input-data file from images, each as one request's
 IMAGE (and, with --expect, validation_data: what a running server answers for each image now,
 which perf_analyzer then checks on every answer). `bls-perf compare` measures the same
-targets with bls-bench and with perf_analyzer, on one server, in one run, rounds interleaved.
+targets with bls-bench and with perf_analyzer, on one server, in one run, rounds interleaved;
+what a flow answered it reads from the flow's own count (flow_requests), not Triton's success
+count, which takes in the requests a flow refused.
 perf_analyzer itself comes from scripts/perf-tools.sh (docs/performance.md, "perf_analyzer").
 """
 
@@ -13,22 +15,27 @@ import argparse
 import base64
 import csv
 import json
+import re
 import shutil
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..contract import IMAGE
+from ..contract import IMAGE, ROUTE
+from ..runtime.loader import is_flow_model
 from ..serve.client import check_server, find_images, tritonclient_module
 from ..serve.paths import checkout, default_models, default_samples
 
-__all__ = ["expected_outputs", "input_data", "main", "perf_analyzer_command", "request_parameter", "run_perf_analyzer"]
+__all__ = ["expected_outputs", "flow_counts", "flow_requests", "input_data", "main", "perf_analyzer_command", "request_parameter",
+           "run_perf_analyzer", "with_routes"]
 
 
 # ---- the input-data file -----------------------------------------------------------------
@@ -84,6 +91,16 @@ def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], o
         client.close()
 
 
+def with_routes(images: list[bytes], expected: list[dict[str, list]], branches: set[str]) -> tuple[list[bytes], list[dict[str, list]]]:
+    """The images whose expected ROUTE ends in one of `branches` (ROUTE is `model:branch`), and
+    their expected answers: e.g. classify_bls's `confident`, answers that no load can change,
+    where an escalated image may come back degraded when resnet50 is busy."""
+    if any(ROUTE.name not in e for e in expected):
+        raise ValueError(f"keeping images by route needs {ROUTE.name} among the expected outputs")
+    kept = [(image, e) for image, e in zip(images, expected) if e[ROUTE.name][0].rpartition(":")[2] in branches]
+    return [image for image, _ in kept], [e for _, e in kept]
+
+
 _TYPES = {"int": int, "bool": lambda v: {"true": True, "false": False}[v], "string": str}
 
 
@@ -131,10 +148,24 @@ def _data_main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"bls-perf data: error: {exc}", file=sys.stderr)
             return 2
+    kept = ""
+    if args.only_routes:
+        if expected is None or any(ROUTE.name not in e for e in expected):
+            print("bls-perf data: error: --only-routes keeps images by the ROUTE the server answers: give --expect ROUTE",
+                  file=sys.stderr)
+            return 2
+        branches, asked, routes = set(args.only_routes.split(",")), len(images), sorted({e[ROUTE.name][0] for e in expected})
+        images, expected = with_routes(images, expected, branches)
+        wanted = " or :".join(sorted(branches))
+        if not images:
+            print(f"bls-perf data: error: no image's ROUTE ends in :{wanted} (their routes now: {', '.join(routes)})",
+                  file=sys.stderr)
+            return 2
+        kept = f" (of {asked}: those whose ROUTE ends in :{wanted})"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(input_data(images, expected)))
     checked = f", each answer's {args.expect} checked against {args.model}'s answers now" if expected else ""
-    print(f"wrote {args.out}: {len(images)} requests{checked}")
+    print(f"wrote {args.out}: {len(images)} requests{kept}{checked}")
     return 0
 
 
@@ -164,6 +195,7 @@ class PerfPoint:
     p99_ms: float
     server_queue_ms: float  # per request, as perf_analyzer reads Triton's statistics
     server_compute_ms: float  # compute input + infer + output
+    flow_answered: int | None = None  # a flow's requests answered in the run, by its own count (flow_requests)
 
 
 def run_perf_analyzer(command: list[str], model: str, url: str, protocol: str, input_file: Path, concurrency: int,
@@ -181,6 +213,45 @@ def run_perf_analyzer(command: list[str], model: str, url: str, protocol: str, i
     with open(csv_file, newline="") as f:
         row = next(csv.DictReader(f))
     return {key: float(value) for key, value in row.items() if value not in ("", None)}
+
+
+# ---- a flow's own counts -----------------------------------------------------------------
+FLOW_REQUESTS = "bls_requests_total"  # a flow's requests by the status code sent (adapter/metrics.py)
+_FLUSH_S = 0.25  # how far a flow's metrics lag its answers (FlowMetrics' flush_s)
+
+
+def flow_requests(metrics_url: str, model: str) -> dict[str, float]:
+    """{status code: requests} the flow `model` finished so far, by its own bls_requests_total
+    (OK: answered; GONE: answered after its client left; else the code of a refusal or failure),
+    summed over instances. Triton's success count cannot stand in for it: the python backend of
+    Triton 2.51 reports each execute() a success unless execute() raised, so a request the flow
+    refused through an error response counts as a success there (and in perf_analyzer's
+    "Successful request count")."""
+    return flow_counts(urllib.request.urlopen(metrics_url, timeout=10).read().decode(), model)
+
+
+def flow_counts(metrics_text: str, model: str) -> dict[str, float]:
+    """flow_requests from a Prometheus text page."""
+    counts: dict[str, float] = {}
+    for labels, value in re.findall(rf"^{FLOW_REQUESTS}\{{(.*)\}} (\S+)$", metrics_text, re.M):
+        tags = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if tags.get("model") == model:
+            counts[tags["code"]] = counts.get(tags["code"], 0.0) + float(value)
+    return counts
+
+
+def _settled_flow_requests(metrics_url: str, model: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """flow_requests once the flow's counts have caught up with its answers: two readings a
+    flush apart agree (called when no client is waiting for an answer)."""
+    deadline = time.monotonic() + timeout_s
+    last = flow_requests(metrics_url, model)
+    while time.monotonic() < deadline:
+        time.sleep(2 * _FLUSH_S)
+        now = flow_requests(metrics_url, model)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 def _point(target: str, concurrency: int, row: dict[str, float]) -> PerfPoint:
@@ -209,6 +280,7 @@ def _compare_main(args: argparse.Namespace) -> int:
         repo = workdir / "models"
         bench.repository_for(targets, args.model_repository, repo)
         models = {t: bench.served_model(t) for t in targets}
+        flows = {t for t in targets if is_flow_model(repo / models[t])}
         server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=tuple(sorted(set(models.values())))))
         missing = server.not_loaded(tuple(models.values()))
         if missing:
@@ -230,6 +302,7 @@ def _compare_main(args: argparse.Namespace) -> int:
                         if point.errors:
                             raise RuntimeError(f"bls-bench: {point.errors} errors on {target} at concurrency {c}")
                     else:
+                        before = _settled_flow_requests(server.metrics_url, models[target]) if target in flows else None
                         try:
                             row = run_perf_analyzer(command, models[target], url, args.protocol, input_file, c,
                                                     int(args.duration * 1000), headers, workdir / f"pa-{n}.csv",
@@ -241,6 +314,8 @@ def _compare_main(args: argparse.Namespace) -> int:
                             unstable.append((r, target, c))
                             continue
                         point = _point(target, c, row)
+                        if before is not None:
+                            point.flow_answered = _checked_flow(server.metrics_url, models[target], before, target, c)
                     runs.setdefault((tool, target, c), {})[r] = point
                 _write(args, runs, unstable, targets, concurrency)  # after every point: a run cut short keeps its rounds
     finally:
@@ -248,6 +323,18 @@ def _compare_main(args: argparse.Namespace) -> int:
     print(_write(args, runs, unstable, targets, concurrency))
     print(f"wrote {args.out}/compare.json, compare.md")
     return 0
+
+
+def _checked_flow(metrics_url: str, model: str, before: dict[str, float], target: str, concurrency: int) -> int:
+    """The requests the flow answered in a perf_analyzer run; raises if it refused or failed any,
+    which Triton's statistics (and so perf_analyzer's server-side figures) count as successes."""
+    after = _settled_flow_requests(metrics_url, model)
+    outcome = {code: int(n - before.get(code, 0.0)) for code, n in after.items() if n != before.get(code, 0.0)}
+    others = {code: n for code, n in outcome.items() if code != "OK"}
+    if others:
+        raise RuntimeError(f"perf_analyzer on {target} at concurrency {concurrency}: {model} answered {outcome.get('OK', 0)} "
+                           f"and finished {others} otherwise ({FLOW_REQUESTS}); Triton's statistics count those as successes")
+    return outcome.get("OK", 0)
 
 
 def _write(args: argparse.Namespace, runs: dict, unstable: list, targets: list[str], concurrency: list[int]) -> str:
@@ -268,7 +355,8 @@ def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[s
     """Per point, each tool's median round side by side, and the median over rounds of
     perf_analyzer / bls-bench (each round's two measurements taken back to back)."""
     lines = ["| target | c | bls-bench images/s | perf_analyzer images/s | PA / bench (median of rounds) | "
-             "p50 ms bench / PA | PA server queue / compute ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "p50 ms bench / PA | PA server queue / compute ms | flow's OK in PA's runs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for target in targets:
         for c in concurrency:
             bench_runs, pa_runs = runs.get(("bench", target, c), {}), runs.get(("perf_analyzer", target, c), {})
@@ -277,8 +365,14 @@ def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[s
                 continue
             b, p = _median(list(bench_runs.values())), _median(list(pa_runs.values()))
             ratio = statistics.median(pa_runs[r].images_per_s / bench_runs[r].images_per_s for r in both)
+            answered = [pr.flow_answered for pr in pa_runs.values()]
+            flow = "-" if None in answered else str(sum(answered))
             lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} ({len(both)}) | "
-                         f"{b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} |")
+                         f"{b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} | {flow} |")
+    lines.append("")
+    lines.append("Server queue / compute: Triton's statistics per request it counts a success, which for a flow "
+                 "(python backend, Triton 2.51) takes in the requests the flow refused. A flow's OK: the requests it "
+                 f"answered by its own {FLOW_REQUESTS}; a flow point where it finished any otherwise fails the run.")
     return "\n".join(lines) + "\n"
 
 
@@ -301,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                         "what --model at --url answers for each image now; perf_analyzer then fails on any other answer")
     d.add_argument("--request-parameter", type=request_parameter, action="append", default=[], metavar="NAME:VALUE:TYPE",
                    help="with --expect: a request parameter to ask with, as perf_analyzer will send it (skip_cascade:true:bool)")
+    d.add_argument("--only-routes", metavar="BRANCHES",
+                   help="with --expect ROUTE: keep only the images whose ROUTE now ends in one of these comma-separated "
+                        "branches (confident: answers no load changes; an escalated image may come back degraded under load)")
     d.add_argument("--model", default="classify_bls", help="with --expect: the model to ask")
     d.add_argument("--url", help="with --expect: the server (default 127.0.0.1:8001 for grpc, :8000 for http)")
     d.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
