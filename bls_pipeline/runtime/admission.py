@@ -37,6 +37,7 @@ arrival, before any stub sees it.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -58,24 +59,36 @@ _EWMA = 0.2  # weight of a new measurement
 
 class Costs:
     """Measured seconds per image of each stage (decode, each child's own work, a whole
-    execute()), as moving averages: what the next batch of n images is predicted to take."""
+    execute()), as moving averages: what the next batch of n images is predicted to take.
 
-    def __init__(self):
-        self._per_image: dict[str, float] = {}
+    A measurement counts for less as it ages (halved every HALF_LIFE_S): a stage skipped
+    because it was measured slow (an optional one under overload) is tried again soon after,
+    and measured anew, rather than skipped on an old figure for ever."""
+
+    HALF_LIFE_S = 1.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._per_image: dict[str, tuple[float, float]] = {}  # stage -> (seconds per image, when measured)
 
     def observe(self, stage: str, seconds: float, images: int) -> None:
         if images <= 0 or seconds < 0:
             return
         value = seconds / images
         old = self._per_image.get(stage)
-        self._per_image[stage] = value if old is None else old + _EWMA * (value - old)
+        self._per_image[stage] = (value if old is None else old[0] + _EWMA * (value - old[0]), self._clock())
 
     def predict(self, stage: str, images: int) -> float:
         """Seconds for `images` images at `stage`; 0 until the stage was measured once."""
-        return self._per_image.get(stage, 0.0) * images
+        return (self.per_image(stage) or 0.0) * images
 
     def per_image(self, stage: str) -> float | None:
-        return self._per_image.get(stage)
+        """The stage's seconds per image as measured, less as the measurement ages; None: never measured."""
+        found = self._per_image.get(stage)
+        if found is None:
+            return None
+        value, at = found
+        return value * 0.5 ** (max(0.0, self._clock() - at) / self.HALF_LIFE_S)
 
 
 @dataclass(frozen=True)
@@ -229,7 +242,7 @@ class Admission:
         self.clock = clock
         self.model = model
         self.queues = queues or (lambda _name: None)  # Triton's measurement of a model's queue; None: not measured
-        self.costs = Costs()
+        self.costs = Costs(clock)
         self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
         self._started: float | None = None
 

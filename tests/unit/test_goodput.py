@@ -340,13 +340,20 @@ def test_a_stale_or_empty_reading_is_no_measurement():
     assert not reading(100.0, 0.3, requests=0).fresh(100.0)
 
 
-def test_costs_predict_from_what_was_measured():
-    costs = Costs()
+def test_costs_predict_from_what_was_measured_and_trust_an_old_measurement_less():
+    clock = FakeClock()
+    costs = Costs(clock)
     assert costs.predict("m", 10) == 0.0
     costs.observe("m", 0.5, 5)
     assert costs.predict("m", 10) == pytest.approx(1.0)
     costs.observe("m", 1.0, 5)  # 0.2 s an image now: the average moves a fifth of the way
     assert costs.per_image("m") == pytest.approx(0.12)
+    # A stage skipped because it measured slow is not skipped for ever on that figure: it
+    # halves every second it goes unmeasured, so a call soon goes through and measures it anew.
+    clock.now += 2 * Costs.HALF_LIFE_S
+    assert costs.per_image("m") == pytest.approx(0.03)
+    costs.observe("m", 0.05, 5)  # measured again: fresh, and averaged with what was left
+    assert costs.per_image("m") == pytest.approx(0.03 + 0.2 * (0.01 - 0.03))
 
 
 class FakeClock:
