@@ -75,8 +75,8 @@ class Costs:
         if images <= 0 or seconds < 0:
             return
         value = seconds / images
-        old = self._per_image.get(stage)
-        self._per_image[stage] = (value if old is None else old[0] + _EWMA * (value - old[0]), self._clock())
+        old = self.per_image(stage)  # as much as it still counts
+        self._per_image[stage] = (value if old is None else old + _EWMA * (value - old), self._clock())
 
     def predict(self, stage: str, images: int) -> float:
         """Seconds for `images` images at `stage`; 0 until the stage was measured once."""
