@@ -61,9 +61,10 @@ class Costs:
     """Measured seconds per image of each stage (decode, each child's own work, a whole
     execute()), as moving averages: what the next batch of n images is predicted to take.
 
-    A measurement counts for less as it ages (halved every HALF_LIFE_S): a stage skipped
-    because it was measured slow (an optional one under overload) is tried again soon after,
-    and measured anew, rather than skipped on an old figure for ever."""
+    A measurement not renewed for over HALF_LIFE_S counts for less (halved every HALF_LIFE_S
+    after that): a stage skipped because it was measured slow (an optional one under
+    overload) is tried again soon after, and measured anew, rather than skipped on an old
+    figure for ever. One measured more often than that is taken as measured."""
 
     HALF_LIFE_S = 1.0
 
@@ -88,7 +89,7 @@ class Costs:
         if found is None:
             return None
         value, at = found
-        return value * 0.5 ** (max(0.0, self._clock() - at) / self.HALF_LIFE_S)
+        return value * 0.5 ** (max(0.0, self._clock() - at - self.HALF_LIFE_S) / self.HALF_LIFE_S)
 
 
 @dataclass(frozen=True)

@@ -348,8 +348,11 @@ def test_costs_predict_from_what_was_measured_and_trust_an_old_measurement_less(
     assert costs.predict("m", 10) == pytest.approx(1.0)
     costs.observe("m", 1.0, 5)  # 0.2 s an image now: the average moves a fifth of the way
     assert costs.per_image("m") == pytest.approx(0.12)
+    clock.now += Costs.HALF_LIFE_S  # measured this recently: as measured
+    assert costs.per_image("m") == pytest.approx(0.12)
     # A stage skipped because it measured slow is not skipped for ever on that figure: it
-    # halves every second it goes unmeasured, so a call soon goes through and measures it anew.
+    # halves every second it goes unmeasured after that, so a call soon goes through and
+    # measures it anew.
     clock.now += 2 * Costs.HALF_LIFE_S
     assert costs.per_image("m") == pytest.approx(0.03)
     costs.observe("m", 0.05, 5)  # measured again: fresh, and averaged with what was left
