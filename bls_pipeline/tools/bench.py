@@ -115,6 +115,9 @@ class Point:
     # of the errors, refusals (503 / UNAVAILABLE) by who refused (loadgen.REFUSERS)
     refused_by: dict[str, int] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    # cascade targets: share of images the cheap model answered because resnet50 was skipped
+    # under overload (ROUTE ...:degraded): unsure, like the escalated ones
+    degraded_fraction: float | None = None
 
     @property
     def refused(self) -> int:
@@ -362,6 +365,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     refused_by = [Counter() for _ in range(concurrency)]
     error_samples: list[str] = []
     escalated = [0] * concurrency
+    degraded = [0] * concurrency
     regions = [0] * concurrency
     sent = [0] * concurrency  # requests each client sent in the measured window
     start_gate = threading.Barrier(concurrency + 1)
@@ -387,8 +391,9 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
             if t0 >= record_from[0]:
                 if ok:
                     latencies[w].append(time.perf_counter() - t0)
-                    if len(outputs) > 1 and b":escalated" in result.as_numpy(ROUTE.name)[0, 0]:
-                        escalated[w] += 1
+                    route = result.as_numpy(ROUTE.name)[0, 0] if len(outputs) > 1 else b""
+                    escalated[w] += route.endswith(b":escalated")
+                    degraded[w] += route.endswith(b":degraded")
                     if target in REGION_TARGETS:
                         regions[w] += int(result.as_numpy(REGION_COUNT.name).sum())
                 else:
@@ -429,7 +434,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
                  sum(regions) / window_s if target in REGION_TARGETS else None,
                  children_per_image(children_before, children_after, n) if called else None,
-                 {who: k for who in REFUSERS if (k := sum(c[who] for c in refused_by))}, error_samples)
+                 {who: k for who in REFUSERS if (k := sum(c[who] for c in refused_by))}, error_samples,
+                 sum(degraded) / len(lat) if target in CASCADES and len(lat) else None)
 
 
 # ---- in-process decode + preprocess --------------------------------------------------
@@ -480,10 +486,11 @@ def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
              + (f"Served: {meta['served']}. " if meta.get("served") else "")
              + f"Each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
              "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | of those refused: queue full / queue timeout / model "
-             "| server queue ms | server compute ms | escalated / regions |",
+             "| server queue ms | server compute ms | escalated (+ degraded) / regions |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
-        esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}"
+        esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}" + (
+            f" (+ {p.degraded_fraction:.0%})" if p.degraded_fraction else "")
         esc = esc or ("" if p.regions_per_s is None else f"{p.regions_per_s:.1f} regions/s")
         refused = " / ".join(str(p.refused_by.get(who, 0)) for who in REFUSERS)
         lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "

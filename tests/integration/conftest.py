@@ -139,10 +139,6 @@ def _status_models(repo: Path) -> None:
     _variant(repo, "classify_bls", "classify_bls_cascade_broken", {"classifiers": "broken_shape", "cascade_threshold": "0.5",
                                                                     "tta_threshold": "0"}, instances=1, queue_delay_us=300_000)
     _variant(repo, "classify_bls", "raising_flow", {"classifiers": "resnet50_onnx"}, instances=1)
-    config = text_format.Parse((repo / "raising_flow" / "config.pbtxt").read_text(), ModelConfig())
-    for key in ("cascade_classifiers", "cascade_threshold", "tta_threshold"):  # RaisingSettings has classifiers alone
-        del config.parameters[key]
-    (repo / "raising_flow" / "config.pbtxt").write_text(text_format.MessageToString(config))
     (repo / "raising_flow" / "1" / "flow.py").write_text(_RAISING_FLOW)
     _variant(repo, "read_text", "read_text_one_region", {"max_regions_per_image": "1"})
 

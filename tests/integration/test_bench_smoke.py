@@ -42,13 +42,15 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
     # that a run at exactly 4/3 off (n = 6k + 2 from a cycle's start) is not lost to rounding.
     # Over 4 requests per client, neither none nor all escalated passes (on a loaded 2-core
     # machine the c=2 point once made 11 requests in 1 s).
+    # An unsure photo is escalated, or answered degraded where resnet50 would have been too late
+    # on this busy machine: the two together are the unsure share.
     share = Fraction(sum(CASCADE_PHOTOS.values()), len(CASCADE_PHOTOS))
     for c in (1, 2):
         point = points["cascade@0.5", c]
         n = point["requests"]
         assert n > 4 * c, f"too few requests at concurrency {c} to check the escalated count: {n}"
-        escalated = round(point["escalated_fraction"] * n)
-        assert abs(escalated - share * n) <= Fraction(4, 3) * c, f"{escalated} of {n} escalated at concurrency {c}; expected about {float(share * n):.1f}"
+        unsure = round((point["escalated_fraction"] + (point["degraded_fraction"] or 0)) * n)
+        assert abs(unsure - share * n) <= Fraction(4, 3) * c, f"{unsure} of {n} unsure at concurrency {c}; expected about {float(share * n):.1f}"
     assert points["classify_bls", 1]["escalated_fraction"] is None
     assert "classify_bls / classifier images/s" in " ".join(report["meta"]["ratios"])
     assert (out / "bench.png").stat().st_size > 10_000
@@ -113,7 +115,7 @@ def test_the_overload_mode_measures_a_spike_per_factor_and_the_stop_after_it(mod
         assert sum(result["refused_by"].values()) == result["refused"]
         assert result["capacity_images_per_s"] > 0 and result["clients"] >= 2
         assert result["clients"] == pytest.approx(max(9, result["factor"] * result["capacity_images_per_s"] * 0.5), abs=1)
-        assert result["finished_counted_by"] == 'bls_requests_total{code="OK"}'
+        assert result["finished_counted_by"] == 'bls_requests_total{code=~"OK|GONE"}'
         assert result["finished"] > 0 and 0 <= result["finished_for_gone"] <= result["finished"]
         assert 0 < result["in_time_per_s"] and result["goodput_ratio"] == pytest.approx(
             result["in_time_per_s"] / result["capacity_images_per_s"], rel=0.01)
@@ -156,7 +158,7 @@ def test_the_open_loop_counts_what_a_running_servers_flow_answered(server, repo_
     assert row["sent"] == row["answered"] + row["refused"] + row["deadlines_passed"] + row["errors"]
     assert row["answered"] > 0 and row["errors"] > 0, row["error_samples"]  # the no-image file: a 400 each
     assert all("400" in e for e in row["error_samples"]), row["error_samples"]
-    assert row["finished_counted_by"] == 'bls_requests_total{code="OK"}'
+    assert row["finished_counted_by"] == 'bls_requests_total{code=~"OK|GONE"}'
     # the flow's count: its answers, not its 400s (Triton's success count has both)
     assert row["answered"] <= row["finished"] <= row["answered"] + row["deadlines_passed"]
     notes = report["meta"]["image_notes"]
