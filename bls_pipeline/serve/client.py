@@ -70,10 +70,13 @@ class ClassifyClient:
     def output_names(self) -> list[str]:
         return list(self.output_dims())
 
-    def classify(self, images: list[bytes], topk: int | None = None, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    def classify(self, images: list[bytes], topk: int | None = None, outputs: list[str] | None = None,
+                 timeout_s: float | None = None) -> dict[str, np.ndarray]:
         """Send images as one request; returns the outputs named (default: every output the
         model declares), by name (LABELS/SCORES/CLASS_IDS/ROUTE/JSON: one row per image;
         REGION_*: per image, padded to the most regions of the request, REGION_COUNT real).
+        timeout_s: the request's deadline (Triton's `timeout` parameter): the flow aims at it
+        instead of its latency_target_ms.
 
         Raises tritonclient's InferenceServerException with the server's message on error.
         """
@@ -85,22 +88,23 @@ class ClassifyClient:
             t.set_data_from_numpy(np.full((len(images), 1), topk, dtype=np.int32))
             inputs.append(t)
         names = outputs or self.output_names()
-        result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names])
+        deadline = {} if timeout_s is None else {"timeout": max(1, int(timeout_s * 1e6))}
+        result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names], **deadline)
         return {name: result.as_numpy(name) for name in names}
 
-    def answers(self, images: list[bytes], topk: int | None = None) -> list[dict]:
+    def answers(self, images: list[bytes], topk: int | None = None, timeout_s: float | None = None) -> list[dict]:
         """Each image's answer as a JSON document (runtime/answer_json.py): the model's JSON
         output when it declares one (nothing else is asked for), else the same document made
         here from its tensors."""
         dims = self.output_dims()
         if JSON.name in dims:
-            rows = self.classify(images, topk, outputs=[JSON.name])[JSON.name]
+            rows = self.classify(images, topk, outputs=[JSON.name], timeout_s=timeout_s)[JSON.name]
             return [json.loads(row) for row in rows[:, 0]]
-        return documents(self.classify(images, topk), dims)
+        return documents(self.classify(images, topk, timeout_s=timeout_s), dims)
 
-    def classify_file(self, path: Path, topk: int | None = None) -> FileResult:
+    def classify_file(self, path: Path, topk: int | None = None, timeout_s: float | None = None) -> FileResult:
         try:
-            (document,) = self.answers([Path(path).read_bytes()], topk)
+            (document,) = self.answers([Path(path).read_bytes()], topk, timeout_s)
         except Exception as exc:  # noqa: BLE001 - InferenceServerException, OSError
             return FileResult(str(path), error=_message(exc))
         return FileResult(str(path), document=document)
@@ -149,7 +153,7 @@ def check_server(url: str, protocol: str, model: str) -> str | None:
 
 
 def classify_files(url: str, protocol: str, files: list[Path], topk: int | None, concurrency: int,
-                   model: str = BLS_MODEL) -> list[FileResult]:
+                   model: str = BLS_MODEL, timeout_s: float | None = None) -> list[FileResult]:
     """One request per file, `concurrency` in flight: Triton's dynamic batcher merges them,
     and a bad file fails only itself. One client per thread (tritonclient's HTTP client
     is not thread-safe)."""
@@ -160,7 +164,7 @@ def classify_files(url: str, protocol: str, files: list[Path], topk: int | None,
         if not hasattr(local, "client"):
             local.client = ClassifyClient(url, protocol, model=model)
             clients.append(local.client)
-        return local.client.classify_file(path, topk)
+        return local.client.classify_file(path, topk, timeout_s)
 
     try:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -232,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--topk", type=_positive, default=None, help="labels per image (default: the model's default_topk)")
     p.add_argument("--concurrency", type=_positive, default=8, help="requests in flight")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="each request's deadline, sent as Triton's timeout parameter: the flow aims at it (its optional "
+                        "stages skipped past it, answered degraded) instead of its latency_target_ms")
     p.add_argument("--json", action="store_true",
                    help="print each image's answer as one JSON object per line (its file, then the JSON output's "
                         "document: route, labels, scores, class_ids, outputs, regions) instead of a table")
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bls-classify: error: {problem}", file=sys.stderr)
         return 2
-    results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model)
+    results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model, timeout_s=args.timeout)
     print("\n".join(r.json_line() for r in results) if args.json else format_table(results))
     if args.draw is not None:
         drawn = draw_results(results, args.draw)
