@@ -44,12 +44,12 @@ class RepositoryAdmin:
             raise AdminError(f"no server at {self.base} ({exc})") from None
         return json.loads(text) if text else None
 
-    def index(self) -> list[dict]:
+    def index(self, timeout_s: float = 10.0) -> list[dict]:
         """Every model version the repository knows, with its state."""
-        return self.call("POST", "/v2/repository/index", {}, timeout_s=10)  # type: ignore[return-value]
+        return self.call("POST", "/v2/repository/index", {}, timeout_s=timeout_s)  # type: ignore[return-value]
 
-    def states(self) -> dict[str, str]:
-        return {m["name"]: m.get("state", "") for m in self.index()}
+    def states(self, timeout_s: float = 10.0) -> dict[str, str]:
+        return {m["name"]: m.get("state", "") for m in self.index(timeout_s)}
 
     def ready_versions(self, model: str) -> tuple[int, ...]:
         return tuple(sorted(int(m["version"]) for m in self.index() if m.get("name") == model
@@ -65,5 +65,6 @@ class RepositoryAdmin:
         self.call("POST", f"/v2/repository/models/{model}/load",
                   {"parameters": {"config": json.dumps(config)}} if config is not None else {})
 
-    def unload(self, model: str) -> None:
-        self.call("POST", f"/v2/repository/models/{model}/unload", {})
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
+        """Begin unloading `model` (Triton answers at once; the copy goes once no request holds it)."""
+        self.call("POST", f"/v2/repository/models/{model}/unload", {}, timeout_s=timeout_s)
