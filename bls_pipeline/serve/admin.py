@@ -55,9 +55,9 @@ class RepositoryAdmin:
         return tuple(sorted(int(m["version"]) for m in self.index() if m.get("name") == model
                             and m.get("state") == "READY" and str(m.get("version", "")).isdigit()))
 
-    def config(self, model: str) -> dict:
+    def config(self, model: str, timeout_s: float = 10.0) -> dict:
         """The model's config as served (JSON)."""
-        return self.call("GET", f"/v2/models/{model}/config")  # type: ignore[return-value]
+        return self.call("GET", f"/v2/models/{model}/config", timeout_s=timeout_s)  # type: ignore[return-value]
 
     def load(self, model: str, config: dict | None = None) -> None:
         """Load (or, with a config that differs from the one served, load anew) `model`;

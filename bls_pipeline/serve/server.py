@@ -373,8 +373,9 @@ class TritonServer:
         ]
         if binary.backend_dir is not None:
             cmd.append(f"--backend-directory={binary.backend_dir}")
-        if opts.log_file is not None:
-            self._log_handle = open(opts.log_file, "ab")
+        # tritonserver's log goes to the log file, else to this process's stderr (fd 2, as an
+        # inherited one would), through the pump.
+        self._log_handle = open(opts.log_file, "ab") if opts.log_file is not None else os.fdopen(os.dup(2), "wb")
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
         self.hung = None
         self.woken.clear()
@@ -387,7 +388,7 @@ class TritonServer:
             start_new_session=True,  # own process group: stop() reaches every python stub
             preexec_fn=die_with_parent(os.getpid()) if opts.die_with_parent else None,
         )
-        self._pump = LogPump(self._proc.stdout, self._log_handle or sys.stderr.buffer, self.log_watch)
+        self._pump = LogPump(self._proc.stdout, self._log_handle, self.log_watch)
         self._pump.start()
         self.queue_monitor = QueueMonitor(self.http_url, self._proc.pid)
         self.queue_monitor.start()
@@ -1020,20 +1021,22 @@ def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity
         if stop.is_set():
             return None
         died_at, uptime = time.monotonic(), server.uptime_s
+        fatal = server.log_watch.fatal
+        said = f"; its log's last fatal line: {fatal}" if fatal else ""
         if server.hung:
-            cause, what = "hung", f"did not answer ({server.hung}) and was killed with its group"
+            cause, what, said = "hung", f"did not answer ({server.hung}) and was killed with its group", ""
             server.kill()
         else:
             code = server.returncode
             cause = "crashed" if code is not None and code < 0 else "exited"
-            fatal = server.log_watch.fatal
-            what = _exit_cause(code) + (f" (its log: {fatal})" if fatal and cause == "crashed" else "")
+            what = _exit_cause(code)
+        server.log_watch.fatal = None  # said once
         server.condition = f"tritonserver {what}"
         server.stop(final=False)  # what it left: its stubs, /dev/shm regions, the watchdog on it
         if not restart:
             code = ExitCode.HUNG if cause == "hung" else ExitCode.LOST
             log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "--no-restart: bls-serve exits %d", what, uptime, code)
+                      "--no-restart: bls-serve exits %d%s", what, uptime, code, said)
             return code
         while True:
             if not intensity.allow(time.monotonic()):
@@ -1045,8 +1048,9 @@ def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity
             delay = backoff.delay(uptime)
             server.condition = f"tritonserver {what}; restarting it in {delay:.0f} s (restart {server.restarts + 1})"
             log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "restarting it in %.0f s (restart %d, %s=%d)", what, uptime, delay, server.restarts + 1,
-                      RESTARTS_ENV, server.restarts + 1)
+                      "restarting it in %.0f s (restart %d, %s=%d)%s", what, uptime, delay, server.restarts + 1,
+                      RESTARTS_ENV, server.restarts + 1, said)
+            said = ""
             if stop.wait(delay):
                 return None
             server.restart_causes[cause] += 1

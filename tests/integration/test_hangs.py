@@ -18,7 +18,7 @@ import pytest
 from bls_pipeline.runtime.settings import RELOAD_KEY
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
-from bls_pipeline.serve.server import ExitCode, ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 from test_crash_recovery import SERVING, BlsServe, _shm_regions
 from test_faults import FAILOVER, MAIN, Traffic, _group_exists
 
@@ -26,6 +26,8 @@ from polling import eventually, get
 
 pytestmark = pytest.mark.integration
 
+# bls-serve's exit codes (server.ExitCode), as an orchestrator reads them
+OK, HUNG = 0, 3
 RECOVERY_S = 30.0  # the issue's targets: classify_bls answers again within 30 s of a freeze
 STOP_S = 30.0  # SIGTERM to exit, whatever tritonserver does
 CLEAN_STOP_S = 10.0  # ... after a stub was frozen and replaced
@@ -86,7 +88,7 @@ def test_a_frozen_tritonserver_is_replaced_and_classify_bls_answers_again(model_
           f"classify_bls answered again after {took:.1f} s; the longest client wait {worst:.1f} s; "
           f"then SIGTERM to exit {stop_took:.1f} s, exit code {exit_code}")
     assert took <= RECOVERY_S, f"classify_bls answered again only {took:.1f} s after the freeze"
-    assert exit_code == ExitCode.OK and not _group_exists(second) and not _shm_regions(bls.shm_prefix)
+    assert exit_code == OK and not _group_exists(second) and not _shm_regions(bls.shm_prefix)
 
 
 @pytest.mark.timing
@@ -98,7 +100,7 @@ def test_sigterm_with_tritonserver_frozen_exits_within_30_s_naming_the_cause(mod
         took, code = bls.sigterm()
     out = bls.output()
     print(f"\nSIGTERM with tritonserver frozen: exit after {took:.1f} s, exit code {code}")
-    assert code == ExitCode.HUNG, out[-3000:]
+    assert code == HUNG, out[-3000:]
     assert re.search(r"tritonserver did not answer at the stop \(.*\): it was killed with its group .* bls-serve exits 3", out)
     assert took <= STOP_S, f"SIGTERM to exit took {took:.1f} s"
     assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
@@ -120,7 +122,7 @@ def test_tritonserver_killed_mid_drain_ends_the_stop_at_once_naming_it(model_rep
             took = time.monotonic() - began
     out = bls.output()
     print(f"\ntritonserver killed mid-drain: SIGTERM to exit {took:.1f} s, exit code {code}")
-    assert code != ExitCode.OK and took <= STOP_S, out[-3000:]
+    assert code != OK and took <= STOP_S, out[-3000:]
     assert re.search(r"tritonserver exited with code -9 while draining|tritonserver stopped without a full drain", out)
     assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
 
@@ -148,7 +150,7 @@ def test_a_frozen_stub_is_replaced_and_the_stop_then_takes_seconds(model_repo, s
     traffic.assert_every_thread_accounted_for()
     print(f"\nresnet50's stub frozen under 4 gRPC clients: replaced after {replaced:.1f} s; "
           f"{len(traffic.records)} requests, outcomes {dict(traffic.outcomes())}; SIGTERM to exit {took:.1f} s, exit code {code}")
-    assert code == ExitCode.OK, bls.output()[-3000:]
+    assert code == OK, bls.output()[-3000:]
     assert took <= CLEAN_STOP_S, f"SIGTERM to exit took {took:.1f} s:\n{bls.output()[-3000:]}"
     assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
 
@@ -171,7 +173,7 @@ def test_a_killed_bls_serve_takes_tritonserver_along_and_the_next_leaves_no_orph
             second.wait_for_line(SERVING)
             assert not _shm_regions(first.shm_prefix)
             second.proc.send_signal(signal.SIGTERM)
-            assert second.proc.wait(timeout=60) == ExitCode.OK
+            assert second.proc.wait(timeout=60) == OK
     print(f"\nbls-serve killed: its tritonserver and {len(stub_pids)} stubs went with it; {len(left)} region(s) left "
           f"behind, removed by the next bls-serve")
 
@@ -210,4 +212,8 @@ def test_a_failed_reload_is_counted_while_the_old_copy_serves(model_repo, tmp_pa
         eventually(lambda: re.search(rf'^bls_model_load_failed\{{model="{MAIN}"\}} 0$', get(metrics)[1], re.M),
                    "the gauge cleared by a reload that works")
     finally:
+        began = time.monotonic()
         server.stop()
+        took = time.monotonic() - began
+    print(f"\nstop after a failed reload, then a good one: {took:.1f} s, {server.last_stop}")
+    assert server.last_stop.drained and server.last_stop.code == 0
