@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from . import in_flight
-from .processes import Stubs, destruction_began, model_of
+from .processes import Stubs, destruction_began
 from .workarounds import HELD_GRACE_S
 
 __all__ = ["Drain", "Terminated", "drain", "stuck_copies", "terminate"]

@@ -5,7 +5,6 @@ tritonserver (here: a port that accepts and never answers)."""
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 import urllib.error

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 
 from bls_pipeline.serve.tritonlog import LogPump, LogWatch
 
