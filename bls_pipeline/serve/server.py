@@ -197,6 +197,7 @@ class TritonServer:
         self._past_reloads: dict[str, int] = {}  # the watchdog's reloads under the tritonservers before this one
         self.condition: str | None = None  # what bls-serve does about tritonserver now (the status port says it)
         self._orphans_ended = False
+        self._failures_at_start: dict[str, int] = {}
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -379,6 +380,7 @@ class TritonServer:
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
         self.hung = None
         self.woken.clear()
+        self._failures_at_start = dict(self.log_watch.failures)  # loads that fail from here on are this one's
         self._proc = subprocess.Popen(
             cmd,
             env=env,
@@ -683,8 +685,10 @@ class TritonServer:
                     until = min(deadline, time.monotonic() + 2.0) if result.unanswered else deadline
                     held_stubs = {pid: inst for pid, inst in stubs(proc.pid).live.items()
                                   if model_of(inst) in result.held} if result.drained else {}
+                    leaked = tuple(sorted(m for m, n in self.log_watch.failures.items()
+                                          if n > self._failures_at_start.get(m, 0))) if result.drained else ()
                     ended = stopping.terminate(proc, result.held if result.drained else (),
-                                               in_flight.HeldStubs(held_stubs, model_of), until)
+                                               in_flight.HeldStubs(held_stubs, model_of), until, leaked=leaked)
                     held = ended.killed_for
                     if not ended.exited and not ended.killed_for:
                         hung = True
@@ -1150,7 +1154,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.HUNG
     if report.held:
         log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
-                    "for %s, which Triton kept from unloading with nothing in flight", code, ", ".join(report.held))
+                    "for %s, which Triton kept live with nothing in flight", code, ", ".join(report.held))
         return ExitCode.OK
     if report.stuck:
         log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "

@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Protocol
 
 from . import in_flight
 from .processes import Stubs, destruction_began
-from .workarounds import HELD_GRACE_S
+from .workarounds import HELD_GRACE_S, LEAKED_GRACE_S
 
 __all__ = ["Drain", "Terminated", "drain", "stuck_copies", "terminate"]
 
@@ -192,14 +192,26 @@ class Terminated:
 
 
 def terminate(process: Process, held: tuple[str, ...], watch, deadline: float, *,
-              clock: Callable[[], float] = time.monotonic, grace_s: float = HELD_GRACE_S) -> Terminated:
+              clock: Callable[[], float] = time.monotonic, grace_s: float = HELD_GRACE_S,
+              leaked: tuple[str, ...] = (), leaked_grace_s: float = LEAKED_GRACE_S) -> Terminated:
     """SIGTERM tritonserver and wait for it to exit, until `deadline` (clock()).
 
     With models held, it gets `grace_s`, not the rest of the stop's time; `watch`
     (in_flight.HeldStubs: .stirred() -> models) tells a held model whose stub exits or
     computes meanwhile: only slow to unload, held no more, and once none is, tritonserver
-    gets until the deadline to finish cleanly. Not exited by the deadline: the caller kills it."""
+    gets until the deadline to finish cleanly. With `leaked` (models whose load failed beside
+    a serving copy: Triton 2.51 keeps that copy's model object live, and waits for it until
+    its exit timeout), it gets `leaked_grace_s` after a full drain, then is to be killed for
+    them. Not exited by the deadline: the caller kills it."""
     process.send_signal(signal.SIGTERM)
+    if leaked and not held:
+        try:
+            process.wait(timeout=max(0.0, min(deadline, clock() + leaked_grace_s) - clock()))
+            return Terminated(True)
+        except subprocess.TimeoutExpired:
+            log.warning("killing tritonserver %.0f s after its SIGTERM, not waiting out its exit timeout for the live "
+                        "model object Triton 2.51 keeps after a failed load of %s", leaked_grace_s, ", ".join(leaked))
+            return Terminated(False, leaked)
     grace_ends = clock() + grace_s
     while held:
         try:

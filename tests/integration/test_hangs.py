@@ -182,7 +182,8 @@ def test_a_failed_reload_is_counted_while_the_old_copy_serves(model_repo, tmp_pa
     """A reload of resnet50_onnx with a model file that does not read: Triton answers 400 and
     keeps the old copy READY, its index shows no reason. bls-serve reads Triton's log: the
     failure is logged, counted, and shown by bls_model_load_failed and /ready's text, with
-    /ready still 200 (the old copy serves); a reload that works clears it."""
+    /ready still 200 (the old copy serves); a reload that works clears it. The stop after it
+    does not wait out the exit timeout on the failed copy Triton keeps live."""
     repo = tmp_path / "models"
     shutil.copytree(model_repo / MAIN, repo / MAIN, ignore=shutil.ignore_patterns("__pycache__"))
     server = TritonServer(ServerOptions.on_free_ports(repo, tmp_path / "tritonserver.log", models=(MAIN,),
@@ -216,4 +217,6 @@ def test_a_failed_reload_is_counted_while_the_old_copy_serves(model_repo, tmp_pa
         server.stop()
         took = time.monotonic() - began
     print(f"\nstop after a failed reload, then a good one: {took:.1f} s, {server.last_stop}")
-    assert server.last_stop.drained and server.last_stop.code == 0
+    # Triton 2.51 keeps the failed copy's model object live and would wait out its exit timeout
+    # (20 s, exit 1) for it: after the full drain it is killed for it (workarounds.py).
+    assert server.last_stop.drained and server.last_stop.held == (MAIN,)

@@ -275,3 +275,15 @@ def test_a_held_model_whose_stub_stirs_was_only_slow_and_tritonserver_may_finish
                                grace_s=1.0)
     assert ended == stopping.Terminated(True) and clock() == 3.0
     assert "classify_bls only slow to unload, not held" in caplog.text
+
+
+def test_after_a_failed_load_it_gets_a_short_grace_then_is_killed_for_it(clock, caplog):
+    """Triton 2.51 keeps a failed copy's model object live and waits its exit timeout for it."""
+    proc = Process(clock, exits_after=20.0)
+    ended = stopping.terminate(proc, (), Stirs(clock), deadline=25.0, clock=clock, leaked=("resnet50_onnx",),
+                               leaked_grace_s=3.0)
+    assert ended == stopping.Terminated(False, killed_for=("resnet50_onnx",)) and clock() == 3.0
+    assert "the live model object Triton 2.51 keeps after a failed load of resnet50_onnx" in caplog.text
+    quick = Process(Clock(), exits_after=1.0)
+    assert stopping.terminate(quick, (), Stirs(quick.clock), deadline=25.0, clock=quick.clock,
+                              leaked=("resnet50_onnx",)) == stopping.Terminated(True)
