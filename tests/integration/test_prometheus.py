@@ -128,7 +128,7 @@ def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_rep
         prometheus = f"127.0.0.1:{port}"
         try:
             with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=2) as steady:
-                eventually(lambda: _recorded(prometheus, 'bls:requests:rate1m{model="classify_bls"} > 0'),
+                eventually(lambda: _recorded(prometheus, 'sum(rate(bls_requests_total{model="classify_bls"}[1m])) > 0'),
                            "Prometheus recording classify_bls's requests", timeout_s=120.0, every_s=1.0)
                 assert _alert_state(prometheus, "BLSShedding", "classify_bls") == "inactive"
                 began = time.monotonic()
