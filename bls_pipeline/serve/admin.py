@@ -44,20 +44,20 @@ class RepositoryAdmin:
             raise AdminError(f"no server at {self.base} ({exc})") from None
         return json.loads(text) if text else None
 
-    def index(self) -> list[dict]:
+    def index(self, timeout_s: float = 10.0) -> list[dict]:
         """Every model version the repository knows, with its state."""
-        return self.call("POST", "/v2/repository/index", {}, timeout_s=10)  # type: ignore[return-value]
+        return self.call("POST", "/v2/repository/index", {}, timeout_s=timeout_s)  # type: ignore[return-value]
 
-    def states(self) -> dict[str, str]:
-        return {m["name"]: m.get("state", "") for m in self.index()}
+    def states(self, timeout_s: float = 10.0) -> dict[str, str]:
+        return {m["name"]: m.get("state", "") for m in self.index(timeout_s)}
 
     def ready_versions(self, model: str) -> tuple[int, ...]:
         return tuple(sorted(int(m["version"]) for m in self.index() if m.get("name") == model
                             and m.get("state") == "READY" and str(m.get("version", "")).isdigit()))
 
-    def config(self, model: str) -> dict:
+    def config(self, model: str, timeout_s: float = 10.0) -> dict:
         """The model's config as served (JSON)."""
-        return self.call("GET", f"/v2/models/{model}/config")  # type: ignore[return-value]
+        return self.call("GET", f"/v2/models/{model}/config", timeout_s=timeout_s)  # type: ignore[return-value]
 
     def load(self, model: str, config: dict | None = None) -> None:
         """Load (or, with a config that differs from the one served, load anew) `model`;
@@ -65,5 +65,6 @@ class RepositoryAdmin:
         self.call("POST", f"/v2/repository/models/{model}/load",
                   {"parameters": {"config": json.dumps(config)}} if config is not None else {})
 
-    def unload(self, model: str) -> None:
-        self.call("POST", f"/v2/repository/models/{model}/unload", {})
+    def unload(self, model: str, timeout_s: float = 30.0) -> None:
+        """Begin unloading `model` (Triton answers at once; the copy goes once no request holds it)."""
+        self.call("POST", f"/v2/repository/models/{model}/unload", {}, timeout_s=timeout_s)

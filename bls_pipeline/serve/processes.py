@@ -5,24 +5,38 @@ them), and the reaping of what a killed or crashed tritonserver leaves.
 A stub is tritonserver's child. On Triton 2.51 only the unload of the model copy it serves
 reaps it: a stub that died (killed, OOM) while its copy is loaded stays a zombie, with no
 command line left to name its instance. When tritonserver itself dies, its stubs go to the
-nearest child subreaper: bls-serve (become_subreaper), else init."""
+nearest child subreaper: bls-serve (become_subreaper), else init. A bls-serve that was itself
+killed leaves its tritonserver to die with it (die_with_parent) and the stubs to exit once
+they see their parent gone; a stub that cannot (stuck on a region its dead parent held) is
+an orphan, found by the next bls-serve on the same repository by the region prefix its
+owner gave it (orphan_stubs) and ended (end_orphans)."""
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import logging
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stubs", "become_subreaper", "destruction_began", "is_subreaper", "model_of", "reap_group", "stub_instances", "stubs"]
+from .workarounds import STUB_ARGV
 
-_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # prctl(2), Linux
+__all__ = ["SHM_PREFIX", "Stubs", "become_subreaper", "destruction_began", "die_with_parent", "end_orphans",
+           "is_subreaper", "model_of", "orphan_stubs", "reap_group", "shm_prefix", "stub_instances", "stubs"]
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 1, 36, 37  # prctl(2), Linux
 
 _STUB = b"triton_python_backend_stub"
 _STUB_COMM = _STUB.decode()[:15]  # the kernel keeps 15 characters of a process's name
-_INSTANCE_ARG = 8  # the stub's argv: ..., then the model instance name ("classify_bls_0_1")
+# The python backend's default region prefix; bls-serve's own (shm_prefix) adds "bls<its pid>_<token>_".
+SHM_PREFIX = "triton_python_backend_shm_region_"
+_OWNED = re.compile(rf"{re.escape(SHM_PREFIX)}bls(?P<owner>\d+)_(?P<repository>[0-9a-f]{{6}})_[0-9a-f]+_")
 
 
 @dataclass(frozen=True)
@@ -53,8 +67,8 @@ def stubs(pgid: int) -> Stubs:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if argv[0].endswith(_STUB) and len(argv) > _INSTANCE_ARG:
-            live[int(proc.name)] = argv[_INSTANCE_ARG].decode()
+        if argv[0].endswith(_STUB) and len(argv) > STUB_ARGV.instance:
+            live[int(proc.name)] = argv[STUB_ARGV.instance].decode()
         elif is_stub and argv == [b""]:
             dying.add(int(proc.name))
     return Stubs(live, frozenset(dead), frozenset(dying))
@@ -125,6 +139,106 @@ def _group(pgid: int) -> dict[int, int]:
             if int(group) == pgid:
                 members[int(proc.name)] = int(ppid)
     return members
+
+
+def shm_prefix(token: str, repository: str) -> str:
+    """The python backend's region prefix for the tritonserver this process starts: its pid
+    and its repository's mark in it, so that the next bls-serve on that repository knows the
+    regions (and the stubs) of one that died, and leaves alone those of others."""
+    return f"{SHM_PREFIX}bls{os.getpid()}_{_mark(repository)}_{token}_"
+
+
+def _mark(repository: str) -> str:
+    return hashlib.sha1(str(repository).encode()).hexdigest()[:6]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    pid: int
+    region: str  # its shared-memory region's name (under /dev/shm)
+    model_path: str
+
+
+def orphan_stubs(repository: Path | None) -> list[Orphan]:
+    """Python stubs a dead bls-serve left behind: their region carries the prefix shm_prefix
+    gave them, the bls-serve it names is gone, and so is the tritonserver that started them;
+    only those serving a model of `repository` (None: any), so that a bls-serve never ends
+    another's."""
+    root = str(Path(repository).resolve()) if repository is not None else None
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "comm").read_text().strip() != _STUB_COMM:
+                continue
+            argv = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if len(argv) <= STUB_ARGV.instance:
+            continue
+        owned = _OWNED.match(argv[STUB_ARGV.shm_region])
+        parent = argv[STUB_ARGV.parent_pid]
+        if (owned is None or _alive(int(owned.group("owner"))) or (parent.isdigit() and ppid == int(parent))
+                or (root is not None and (owned["repository"] != _mark(root)
+                                          or not argv[STUB_ARGV.model_path].startswith(root + os.sep)))):
+            continue
+        found.append(Orphan(int(proc.name), argv[STUB_ARGV.shm_region], argv[STUB_ARGV.model_path]))
+    return found
+
+
+def end_orphans(repository: Path | str) -> list[Orphan]:
+    """SIGKILL the orphan stubs of `repository` and remove their regions, and the regions
+    left by a bls-serve on it that died (its stubs gone: nothing maps them); those ended."""
+    orphans = orphan_stubs(Path(repository))
+    for orphan in orphans:
+        try:
+            os.kill(orphan.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        (Path("/dev/shm") / orphan.region).unlink(missing_ok=True)
+        log.warning("ended an orphan python stub of a bls-serve that died (pid %d, %s, region %s)", orphan.pid,
+                    orphan.model_path, orphan.region)
+    mark = _mark(str(Path(repository).resolve()))
+    left = [p for p in Path("/dev/shm").glob(f"{SHM_PREFIX}bls*") if (m := _OWNED.match(p.name))
+            and m["repository"] == mark and not _alive(int(m["owner"]))]
+    for region in left:
+        region.unlink(missing_ok=True)
+    if left:
+        log.warning("removed %d shared-memory region(s) a bls-serve that died on this repository left", len(left))
+    return orphans
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return Path(f"/proc/{pid}/stat").is_file() and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")
+
+
+_LIBC_PRCTL = None
+try:
+    _LIBC_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    pass
+
+
+def die_with_parent(parent: int):
+    """A preexec_fn for subprocess: the child gets SIGKILL when the thread that started it
+    ends (a bls-serve killed with SIGKILL: its tritonserver goes too). Resolved before the
+    fork, so the child only makes one call; one whose parent died before that call exits."""
+
+    def preexec() -> None:
+        if _LIBC_PRCTL is not None:
+            _LIBC_PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def _prctl(option: int, arg: int) -> int:

@@ -71,10 +71,14 @@ class QueueMonitor:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Poll no more (stop() then waits for a poll under way, each bounded by its timeout)."""
+        self._stop.set()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=timeout_s)
         if self._conn is not None:
             self._conn.close()
         self.writer.close()

@@ -6,14 +6,18 @@ wheel, loads only the models whose backend and artifacts are present (explicit m
 control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
 readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
 `bls-serve` (main) serves until SIGTERM or Ctrl-C and starts a tritonserver that died on its
-own again, with backoff. A model that fails its load, or whose config.pbtxt does not read, is
-named and left out, the others served (`fail_fast` off: bls-serve's default); with a status port, bls-serve's own endpoint answers
-readiness, latency histograms and the recent requests explained (status.py).
+own, or that stopped answering (liveness.py: it is killed with its group), again, with backoff,
+giving up after too many restarts. A model that fails its load, or whose config.pbtxt does not
+read, is named and left out, the others served (`fail_fast` off: bls-serve's default); with a
+status port, bls-serve's own endpoint answers readiness, what happened to tritonserver, and
+(with request tracing on) latency histograms and the recent requests explained (status.py).
+Its stop is bounded (stopping.py): the drain's limit and STOP_GRACE_S, whatever tritonserver does.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib.util
 import logging
 import os
@@ -39,14 +43,18 @@ from ..runtime.settings import RELOAD_KEY
 from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
 from .paths import default_models
-from .processes import become_subreaper, destruction_began, is_subreaper, model_of, reap_group, stubs
+from . import stopping
+from .liveness import Liveness
+from .processes import (SHM_PREFIX, become_subreaper, die_with_parent, end_orphans, is_subreaper, model_of, reap_group,
+                        shm_prefix, stubs)
 from .followers import FlowRetries
 from .states import ModelStates
 from .queue_monitor import QueueMonitor
-from .status import StatusServer
+from .status import RESTART_CAUSES, ServerState, StatusServer
+from .tritonlog import LoadFailure, LogPump, LogWatch
 from .watchdog import Watchdog
 
-__all__ = ["ServerOptions", "TritonServer", "embedded_command", "first_line", "free_port", "main"]
+__all__ = ["ExitCode", "SHM_PREFIX", "ServerOptions", "TritonServer", "embedded_command", "first_line", "free_port", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +66,20 @@ GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
 # names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
 # Model Analyzer read the config, so they take the key (-H).
 RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
-SHM_PREFIX = "triton_python_backend_shm_region_"
-# After a drain that found a model held with nothing in flight (in_flight.py), how long
-# tritonserver gets after its SIGTERM to exit by itself before it is killed, unless a stub of
-# a held model stirs meanwhile (TritonServer._terminate).
-HELD_GRACE_S = 1.0
+# A stop takes at most the drain's limit (exit_timeout_s) and this: tritonserver's exit after
+# its SIGTERM, the kill, the reaping and the cleanup.
+STOP_GRACE_S = 5.0
+# How long a drain keeps asking a tritonserver that does not answer before it kills it.
+UNANSWERED_S = 5.0
+
+
+class ExitCode(enum.IntEnum):
+    """bls-serve's exit status, each a cause."""
+    OK = 0  # stopped with every request in flight answered (a kill after a full drain included)
+    LOST = 1  # stopped without a full drain (requests in flight may have failed), or died with --no-restart
+    START = 2  # could not start (--fail-fast: a model failed its load, or its config.pbtxt does not read)
+    HUNG = 3  # tritonserver stopped answering (at the stop, or with --no-restart): killed with its group
+    GAVE_UP = 4  # tritonserver ended too often: bls-serve gave up restarting it
 
 
 def free_port() -> int:
@@ -104,9 +121,18 @@ class ServerOptions:
     # The models /ready follows; None: those asked for (`models`), else every flow that loaded
     # at start, and (both) every flow READY now, one loaded later included.
     ready_for: tuple[str, ...] | None = None
-    # Triton's request traces into this file (FILE.0, FILE.1, ... kept); None: with a status
-    # port, into a folder of its own, each trace removed once read.
+    # Triton's request tracing (workarounds.py, "tracing abort": on 2.51 any traced request can
+    # abort tritonserver): 0, off; N, one request in N traced, into `trace_file` (FILE.0,
+    # FILE.1, ... kept), else (with a status port) into a folder of its own, each removed once
+    # read; a trace_file alone traces every request.
+    trace_rate: int = 0
     trace_file: Path | None = None
+    # Seconds tritonserver may go without answering its liveness endpoint (HTTP or gRPC) before
+    # `hung` is set and on_hung called (bls-serve kills and restarts it); 0: not watched.
+    hang_timeout_s: float = 0.0
+    # tritonserver gets SIGKILL when the thread that started it ends (bls-serve's main thread:
+    # a bls-serve killed takes it along). Off for a library user, whose thread may end first.
+    die_with_parent: bool = False
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, log_file: Path | None, **kwargs) -> "ServerOptions":
@@ -122,9 +148,11 @@ class StopReport:
     # Dead python stubs (their instance, or "pid N" if never seen alive) whose model copy
     # could not unload after the drain: tritonserver was killed for them (_stuck_copies).
     stuck: tuple[str, ...] = ()
-    # Models Triton kept from unloading with nothing in flight (TritonServer._drain): the drain
+    # Models Triton kept from unloading with nothing in flight (stopping.drain): the drain
     # went on without them, and tritonserver was killed for them after it.
     held: tuple[str, ...] = ()
+    reason: str = ""  # why the stop was not clean: the drain's, or tritonserver's exit
+    hung: bool = False  # tritonserver did not answer (the drain, or its exit after SIGTERM): killed
 
 
 @dataclass(frozen=True)
@@ -143,7 +171,9 @@ class TritonServer:
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._log_handle = None
-        self.shm_prefix = f"{SHM_PREFIX}bls{os.getpid()}_{secrets.token_hex(3)}_"
+        self._pump: LogPump | None = None
+        repo = options.model_repository
+        self.shm_prefix = shm_prefix(secrets.token_hex(3), repo if s3.is_s3(repo) else str(Path(repo).resolve()))
         self.loaded: tuple[str, ...] = ()
         self.skipped: dict[str, str] = {}
         self.failed: dict[str, str] = {}  # planned models whose load failed (fail_fast off): why
@@ -159,7 +189,15 @@ class TritonServer:
         self.restarts = 0  # starts after the first (restart()): RESTARTS_ENV of the running tritonserver
         self._started_at: float | None = None  # time.monotonic() when the running one was serving
         self._cancel: threading.Event | None = None
-        self._held: tuple[str, ...] = ()  # the last drain's models held with nothing in flight
+        self.liveness: Liveness | None = None
+        self.hung: str | None = None  # why the running tritonserver counts as hung (liveness), once it does
+        self.woken = threading.Event()  # set with `hung`: bls-serve's loop acts at once
+        self.log_watch = LogWatch(on_failure=self._load_failed)  # tritonserver's log, read as it is passed on
+        self.restart_causes = dict.fromkeys(RESTART_CAUSES, 0)  # restarts by the cause of the end before each
+        self._past_reloads: dict[str, int] = {}  # the watchdog's reloads under the tritonservers before this one
+        self.condition: str | None = None  # what bls-serve does about tritonserver now (the status port says it)
+        self._orphans_ended = False
+        self._failures_at_start: dict[str, int] = {}
 
     # ---- endpoints -------------------------------------------------------------
     @property
@@ -227,7 +265,7 @@ class TritonServer:
             try:
                 self._plan = self._make_plan()
             except BaseException:
-                if not self.running():  # nothing uses the folder yet: it goes with the error
+                if not self.running() and self.status is None:  # nothing uses the folder yet: it goes with the error
                     shutil.rmtree(self._workdir, ignore_errors=True)
                     self._workdir = None
                 raise
@@ -255,11 +293,11 @@ class TritonServer:
     def start(self, cancel: threading.Event | None = None) -> None:
         """Start tritonserver and wait until every model it loads is READY. `cancel`, once
         set (bls-serve's SIGTERM), ends the wait. Where the start fails, start() stops what
-        it started (its temporary folder included) and raises."""
+        it started (its temporary folder included, unless a restart keeps it) and raises."""
         try:
             self._start(cancel)
         except BaseException:
-            self.stop()
+            self.stop(final=self.status is None)
             raise
 
     def _start(self, cancel: threading.Event | None) -> None:
@@ -281,7 +319,7 @@ class TritonServer:
         if not plan.load:
             raise RuntimeError(f"no model in {repo} can be loaded here: {plan.skipped | plan.broken}")
         self.ready_for = self._ready_for(plan)
-        _check_ports_free(opts)
+        _check_ports_free(opts, status=self.status is None)  # a restart keeps its status port
         # The flows read the model states (a failed load: INTERNAL), kept current by the watchdog's
         # rounds and the status port's; a wanted model whose config.pbtxt does not read is one.
         broken, root = tuple(plan.broken), self.repository.root
@@ -295,11 +333,18 @@ class TritonServer:
         traces = self._tracing()
         if opts.status_port:
             env[EXECUTIONS_ENV] = str(self._workdir / "executions.sock")
-            self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
-                                       own_traces=opts.trace_file is None, records_path=self._workdir / "executions.sock",
-                                       ready_for=self.ready_for, watchdog=lambda: self.watchdog,
-                                       also_ready=self._flows_ready if opts.ready_for is None else tuple)
-            self.status.start()
+            if self.status is None:  # kept through restarts: it says what happened meanwhile
+                self.status = StatusServer(opts.host, opts.status_port, self.states, self.http_url, traces[0],
+                                           own_traces=opts.trace_file is None,
+                                           records_path=self._workdir / "executions.sock", ready_for=self.ready_for,
+                                           watchdog=lambda: self.watchdog, server=self.state,
+                                           also_ready=self._flows_ready if opts.ready_for is None else tuple)
+                self.status.start()
+            else:
+                self.status.states, self.status.ready_for = self.states, self.ready_for
+        if not self._orphans_ended and not s3.is_s3(opts.model_repository):
+            end_orphans(repo)  # a bls-serve killed before on this repository left them
+            self._orphans_ended = True
 
         cmd = [
             str(binary.executable),
@@ -310,6 +355,9 @@ class TritonServer:
             f"--grpc-address={opts.host}", f"--grpc-port={opts.grpc_port}",
             f"--metrics-address={opts.host}", f"--metrics-port={opts.metrics_port}",
             "--allow-metrics=true", "--allow-gpu-metrics=false",
+            # Every request's latency and queue time, as quantiles over the last minute, measured
+            # by Triton with no tracing (nv_inference_request_summary_us, ..._queue_summary_us).
+            "--metrics-config=summary_latencies=true",
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
             f"--exit-timeout-secs={opts.exit_timeout_s}",
@@ -326,17 +374,24 @@ class TritonServer:
         ]
         if binary.backend_dir is not None:
             cmd.append(f"--backend-directory={binary.backend_dir}")
-        if opts.log_file is not None:
-            self._log_handle = open(opts.log_file, "ab")
+        # tritonserver's log goes to the log file, else to this process's stderr (fd 2, as an
+        # inherited one would), through the pump.
+        self._log_handle = open(opts.log_file, "ab") if opts.log_file is not None else os.fdopen(os.dup(2), "wb")
         log.info("starting %s", " ".join(cmd).replace(opts.admin_key, "***"))
+        self.hung = None
+        self.woken.clear()
+        self._failures_at_start = dict(self.log_watch.failures)  # loads that fail from here on are this one's
         self._proc = subprocess.Popen(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT if self._log_handle else None,
+            stdout=subprocess.PIPE,  # passed on by the pump, and read on the way (tritonlog.py)
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() reaches every python stub
+            preexec_fn=die_with_parent(os.getpid()) if opts.die_with_parent else None,
         )
+        self._pump = LogPump(self._proc.stdout, self._log_handle, self.log_watch)
+        self._pump.start()
         self.queue_monitor = QueueMonitor(self.http_url, self._proc.pid)
         self.queue_monitor.start()
         self.failed = {**plan.broken, **self.wait_ready(plan.load, opts.startup_timeout_s)}
@@ -358,8 +413,47 @@ class TritonServer:
             self.watchdog = Watchdog(self.http_url, self._watched_models, self.reload_model, opts.watchdog_interval_s,
                                      pgid=self.pid)
             self.watchdog.start()
+        if opts.hang_timeout_s > 0:
+            grpc = self.grpc_url if "gRPC" in _endpoints(cmd) else None
+            self.liveness = Liveness(self.http_url, grpc, self._on_hung, opts.hang_timeout_s)
+            self.liveness.start()
+        self.condition = None
         if self.status is not None:
             self.status.serving = True
+
+    def _on_hung(self, reason: str) -> None:
+        """The liveness thread's verdict: said at once (the status port), acted on by bls-serve's loop."""
+        fatal = self.log_watch.fatal
+        self.hung = reason + (f"; its log's last fatal line: {fatal}" if fatal else "")
+        self.condition = f"tritonserver is not answering ({self.hung}): killing it"
+        if self.status is not None:
+            self.status.serving = False
+        log.error("tritonserver does not answer: %s", self.hung)
+        self.woken.set()
+
+    def _load_failed(self, failure: LoadFailure) -> None:
+        serving = self.states is not None and self.states.states.get(failure.model, {}).get("state") == "READY"
+        log.error("%s: a load failed (Triton's log: version %s: %s)%s", failure.model, failure.version,
+                  first_line(failure.why), "; Triton keeps its serving copy READY" if serving else "")
+
+    def state(self) -> ServerState:
+        """What the status port says of tritonserver and of bls-serve's care of it."""
+        reloads = dict(self._past_reloads)
+        watchdog = self.watchdog
+        for recovery in list(watchdog.recoveries) if watchdog is not None else ():
+            reloads[recovery.model] = reloads.get(recovery.model, 0) + 1
+        liveness = self.liveness
+        silent = liveness.judge.describe(time.monotonic()) if liveness is not None else None
+        condition = self.condition or (f"tritonserver is not answering: {silent}" if silent else None)
+        return ServerState(condition=condition, restarts=dict(self.restart_causes),
+                           load_failing=dict(self.log_watch.failing), load_failures=dict(self.log_watch.failures),
+                           known=self._plan.load if self._plan is not None else self.loaded, reloads=reloads)
+
+    def kill(self) -> None:
+        """SIGKILL tritonserver with its whole group (its stubs): a server that hangs. stop() then
+        clears what it left."""
+        if self._proc is not None:
+            _kill_group(self._proc.pid)
 
     def _ready_for(self, plan: repository.LoadPlan) -> tuple[str, ...]:
         """The models /ready follows: those named, else those asked for, else every flow (a
@@ -381,13 +475,14 @@ class TritonServer:
 
     def _tracing(self) -> tuple[Path | None, tuple[str, ...]]:
         """Where Triton writes its request traces and the flags that make it: the user's file,
-        else (with a status port) a folder of bls-serve's own; no flags without either."""
+        else (with a status port) a folder of bls-serve's own; none with tracing off."""
         opts = self.options
-        if opts.trace_file is None and not opts.status_port:
+        rate = opts.trace_rate or (1 if opts.trace_file is not None else 0)
+        if rate <= 0 or (opts.trace_file is None and not opts.status_port):
             return None, ()
         prefix = Path(opts.trace_file) if opts.trace_file is not None else self._workdir / "traces" / "trace.json"
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        return prefix, trace_args(prefix)
+        return prefix, trace_args(prefix, rate)
 
     def _watched_models(self) -> dict:
         """The python models the watchdog probes now: those READY, called models first (a flow's
@@ -521,135 +616,102 @@ class TritonServer:
         self.unload_model(model)
         self.load_model(model)
 
-    def _drain(self, timeout_s: float) -> bool:
-        """Unload callers, then the models they call; True once none is READY or UNLOADING,
-        those held with nothing in flight (self._held) apart.
-
-        A stage's models are done with their calls once Triton begins to destroy them, which
-        it does only when no request holds them any more. On 2.51 a python instance takes a
-        little over a second to destroy (the backend's health check sleeps 1 s), one
-        instance after another. The first of a model's stubs to exit shows that the
-        destruction began, so the next stage starts then (see _done_with_requests).
-
-        A model that Triton 2.51 keeps from its destruction with no request in flight (after
-        a gRPC spike, docs/reliability.md) would hold the drain until the timeout. Once
-        Triton has reported nothing in flight for in_flight.QUIET_S (nothing pending, nothing
-        answered, every stub idle: in_flight.py), the models still unloading whose destruction
-        did not begin are held by no request: the drain goes on without them, and stop() kills
-        tritonserver after it. One whose destruction began is waited for: on a busy machine its
-        instances can take longer than QUIET_S each, its stubs idle meanwhile."""
-        deadline = time.monotonic() + timeout_s
-        before = stubs(self.pid).live
-        self._held = ()
-        for stage in repository.drain_stages(self.repository, self.loaded):
-            for model in stage:
-                self.unload_model(model)
-            watch = in_flight.QuietWatch(self._snapshot)  # quiet since this stage's unload, no sooner
-            while not self._done_with_requests(stage, before):
-                if watch.held(time.monotonic()) and self._hold(stage, watch, before):
-                    break
-                if time.monotonic() > deadline:
-                    states = self.admin.states()
-                    busy = {m: states.get(m, "gone") for m in stage if states.get(m) in ("READY", "UNLOADING")}
-                    log.warning("models still busy after %ss of draining: stopping anyway (%s)", timeout_s,
-                                ", ".join(f"{m} {state}" for m, state in busy.items()) or "none left")
-                    return False
-                time.sleep(0.05)
-        if self._held:  # every other model is being destroyed, done with its requests: stop() kills tritonserver now
-            return True
-        # Every model's destruction began (no request holds any): none left can be held.
-        while True:
-            left = {name: state for name, state in self.admin.states().items()
-                    if name in self.loaded and state in ("READY", "UNLOADING")}
-            if not left:
-                return True
-            if time.monotonic() > deadline:  # the last instances (nothing in flight): then tritonserver exits at once
-                log.warning("models still unloading after %ss of draining: stopping anyway (%s)", timeout_s,
-                            ", ".join(f"{m} {state}" for m, state in sorted(left.items())))
-                return False
-            time.sleep(0.05)
-
-    def _snapshot(self) -> in_flight.Snapshot:
-        return in_flight.read_snapshot(time.monotonic(), self.http_url, self.metrics_url if self._metrics_on() else None,
-                                       stubs(self.pid).live)
-
-    def _metrics_on(self) -> bool:
-        return "metrics" in _endpoints(self._proc.args if self._proc is not None else [])
-
-    def _hold(self, models: tuple[str, ...], watch: in_flight.QuietWatch, before: dict[int, str]) -> tuple[str, ...]:
-        """Record and say which of `models` Triton keeps from unloading with nothing in flight;
-        returns them. One whose destruction began (processes.destruction_began) is not held: it is only
-        slow, its python instances destroyed one after another, each stub idle meanwhile."""
-        states, now = self.admin.states(), stubs(self.pid)
-        held = tuple(m for m in models if states.get(m) in ("READY", "UNLOADING") and m not in self._held
-                     and not destruction_began(m, before, now))
-        if not held:
-            return held
-        self._held += held
-        log.warning("%s still unloading with nothing in flight: for %.1f s since its unload Triton reported no "
-                    "request pending (%s 0) and none answered, and every python stub was idle; Triton 2.51 can "
-                    "keep a model so after a spike of cancelled gRPC calls, and wait out its exit timeout (%ss, "
-                    "then exit code 1): not waiting for it, tritonserver is killed once the rest is drained",
-                    ", ".join(held), watch.last.at - watch.first.at, in_flight.PENDING_GAUGE,
-                    self.options.exit_timeout_s)
-        return held
-
-    def _done_with_requests(self, stage: tuple[str, ...], before: dict[int, str]) -> bool:
-        """Every model of `stage` unloaded, or being destroyed (processes.destruction_began)."""
-        states = self.admin.states()
-        now = stubs(self.pid)
-        return all(destruction_began(model, before, now) for model in stage if states.get(model) in ("READY", "UNLOADING"))
+    def _triton(self, proc: subprocess.Popen) -> "_StopView":
+        return _StopView(self, proc)
 
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self) -> int | None:
-        """Drain, SIGTERM, then kill whatever is left (server, stubs, /dev/shm regions).
+    def stop(self, final: bool = True) -> int | None:
+        """Drain, SIGTERM, then kill whatever is left (server, stubs, /dev/shm regions), within
+        the drain's limit (exit_timeout_s) and STOP_GRACE_S, whatever tritonserver does
+        (stopping.py). Also clears what a tritonserver that died, or was killed hung, left.
 
         Draining unloads the models that call others (classify_bls, ensembles) before the
         classifiers: their in-flight requests finish while the children still serve, and
         new ones are refused at once. A plain SIGTERM stops every scheduler together, so
         in-flight BLS requests lose their child model (and Triton 2.51 can abort). After a
-        drain, a model copy that a dead python stub left stuck does not hold the stop up
-        (_stuck_copies). Also clears what a tritonserver that died on its own left behind.
-        """
+        drain, a model copy that a dead python stub left stuck does not hold the stop up.
+        A tritonserver that does not answer is not drained: it is killed.
+
+        final: False (bls-serve, before a restart) keeps the status port and its folder."""
+        began = time.monotonic()
+        limit = self.options.exit_timeout_s
+        deadline = began + limit + STOP_GRACE_S
+        # Every helper told to halt at once; each then waited for (a call under way to a server
+        # that hangs ends at its own timeout), all within a few seconds together.
+        liveness, self.liveness = self.liveness, None
+        if liveness is not None:
+            liveness.stop(timeout_s=0)
+        if self.queue_monitor is not None and self.hung:
+            self.queue_monitor.halt()
         watchdog, self.watchdog = self.watchdog, None
         if self.status is not None:
             self.status.serving = False  # /ready: 503 from now on, while the drain runs
         if watchdog is not None:
             try:
-                watchdog.stop()
+                watchdog.stop(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
             except Exception as exc:  # noqa: BLE001 - never let it keep the server alive
                 log.warning("stopping the watchdog failed: %s", exc)
-        drained, stuck = False, ()
-        if self.running():
-            try:
-                drained = self._drain(self.options.exit_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - the SIGTERM below still stops it
-                log.warning("draining before stop failed (%s); stopping anyway", exc)
+            for recovery in list(watchdog.recoveries):
+                self._past_reloads[recovery.model] = self._past_reloads.get(recovery.model, 0) + 1
+        if liveness is not None and liveness.is_alive() and liveness is not threading.current_thread():
+            liveness.join(timeout=max(0.0, min(2.0, began + 2.0 - time.monotonic())))
+        proc = self._proc
+        result = stopping.Drain(False)
+        if proc is not None and proc.poll() is None:
+            silent = liveness.judge.describe(time.monotonic()) if liveness is not None else None
+            if self.hung or silent:  # its liveness checks went unanswered already: no drain to wait for
+                result = stopping.Drain(False, reason=f"tritonserver did not answer ({self.hung or silent})",
+                                        unanswered=True)
+            else:
+                stages = repository.drain_stages(self.repository, self.loaded) if self.repository is not None else []
+                result = stopping.drain(stages, self._triton(proc),
+                                        began + limit, limit_s=limit, unanswered_s=UNANSWERED_S, exit_timeout_s=limit)
         # Its kept-alive connection would hold tritonserver's exit (Triton waits out its exit
         # timeout for open HTTP connections); after the drain no flow reads its readings.
         monitor, self.queue_monitor = self.queue_monitor, None
         if monitor is not None:  # and the queue readings it wrote for the flows (adapter/queue_waits.py)
-            monitor.stop()
-        proc, self._proc = self._proc, None
-        code = None
-        held = self._held if drained else ()
+            monitor.stop(timeout_s=0.5 if result.unanswered else 2.0)
+        self._proc = None
+        code, stuck, held, hung, reason = None, (), (), result.unanswered, result.reason
         if proc is not None:
             if proc.poll() is None:
-                stuck = self._stuck_copies(proc.pid, watchdog) if drained else ()
+                if result.drained:
+                    stuck = stopping.stuck_copies(stubs(proc.pid).dead, (watchdog and watchdog.instance_of) or (lambda _: None),
+                                                  limit)
                 if not stuck:
-                    held = self._terminate(proc, held, drained)
+                    # A server that did not answer gets a moment to take SIGTERM, not the stop's rest.
+                    until = min(deadline, time.monotonic() + 2.0) if result.unanswered else deadline
+                    held_stubs = {pid: inst for pid, inst in stubs(proc.pid).live.items()
+                                  if model_of(inst) in result.held} if result.drained else {}
+                    leaked = tuple(sorted(m for m, n in self.log_watch.failures.items()
+                                          if n > self._failures_at_start.get(m, 0))) if result.drained else ()
+                    ended = stopping.terminate(proc, result.held if result.drained else (),
+                                               in_flight.HeldStubs(held_stubs, model_of), until, leaked=leaked)
+                    held = ended.killed_for
+                    if not ended.exited and not ended.killed_for:
+                        hung = True
+                        reason = reason or f"tritonserver did not exit within {until - began:.0f} s of the stop"
+                        self._report_hang(proc.pid, result.drained, deadline)
             _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
-            code = proc.wait(timeout=10)
+            try:
+                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # a process SIGKILL does not end: nothing left to do
+                log.error("tritonserver (pid %d) still there after SIGKILL", proc.pid)
             if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them
-                left = reap_group(proc.pid, timeout_s=5.0)
+                left = reap_group(proc.pid, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
                 if left:
-                    log.warning("processes of tritonserver's group still there 5 s after it was killed: %s", left)
-        self.last_stop = StopReport(code, drained, stuck, held)
-        status, self.status = self.status, None
-        if status is not None:
-            status.stop()
+                    log.warning("processes of tritonserver's group still there after it was killed: %s", left)
+        self.last_stop = StopReport(code, result.drained, stuck, held, reason if not result.drained or hung else "", hung)
+        drained_at = time.monotonic()
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.join(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        if final:
+            status, self.status = self.status, None
+            if status is not None:
+                status.stop()
         for leftover in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             leftover.unlink(missing_ok=True)
         if proc is not None:  # any a killed bls-serve left
@@ -658,82 +720,32 @@ class TritonServer:
         if self._log_handle:
             self._log_handle.close()
             self._log_handle = None
-        if self._workdir:
+        if self._workdir and final:
             shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir, self._binary, self._plan = None, None, None
+            self._workdir, self._binary = None, None
+        self._plan = None
+        if proc is not None:
+            log.info("tritonserver stopped in %.1f s (%.1f s to its end, %.1f s to clear what it left)",
+                     time.monotonic() - began, drained_at - began, time.monotonic() - drained_at)
         return code
 
-    def _stuck_copies(self, pgid: int, watchdog: Watchdog | None) -> tuple[str, ...]:
-        """After a drain: the dead stubs of model copies that can never unload, for the caller
-        to kill tritonserver at once; () when it can stop cleanly.
-
-        On Triton 2.51 a model copy that got a request after its python stub died keeps that
-        request's response factory, and with it the model, forever: the copy never unloads,
-        its dead stub stays a zombie in the group (processes.py), and after SIGTERM
-        tritonserver would wait out --exit-timeout-secs on it, then exit 1. A copy that can
-        unload reaps its dead stub about a second after its unload begins (Triton's health
-        check sleeps 1 s); the drain, begun after the watchdog (which swaps copies) stopped,
-        takes longer than that. So a dead stub still there after the drain is a stuck copy,
-        and, the drain done, no request is in flight to lose."""
-        dead = stubs(pgid).dead
-        if not dead:
-            return ()
-        names = tuple(sorted((watchdog and watchdog.instance_of(pid)) or f"pid {pid}" for pid in dead))
-        log.warning("tritonserver cannot exit cleanly: the model copy of the dead python stub(s) %s got requests after "
-                    "the stub died, and Triton 2.51 never unloads such a copy; the drain answered every request in "
-                    "flight, so it is killed now instead of waiting out its exit timeout (%ss, then exit code 1)",
-                    ", ".join(names), self.options.exit_timeout_s)
-        return names
-
-    def _terminate(self, proc: subprocess.Popen, held: tuple[str, ...], drained: bool) -> tuple[str, ...]:
-        """SIGTERM tritonserver and wait for it to exit; returns the held models it is to be
-        killed for (none: it exited, or hung, which _report_hang says).
-
-        With models held (_hold), it gets HELD_GRACE_S, not its exit timeout. A held model whose
-        stub exits or computes meanwhile was only slow to unload (in_flight.HeldStubs): it is
-        held no more, and once none is, tritonserver gets its exit timeout to finish cleanly."""
-        watch = in_flight.HeldStubs({pid: instance for pid, instance in stubs(proc.pid).live.items()
-                                     if model_of(instance) in held}, model_of)
-        proc.send_signal(signal.SIGTERM)
-        grace_ends = time.monotonic() + HELD_GRACE_S
-        while held:
-            try:
-                proc.wait(timeout=0.1)
-                return ()
-            except subprocess.TimeoutExpired:
-                pass
-            stirred = watch.stirred()
-            slow = tuple(m for m in held if m in stirred)
-            if slow:
-                held = tuple(m for m in held if m not in slow)
-                log.info("%s only slow to unload, not held: a stub of it exited or computed after tritonserver's "
-                         "SIGTERM; %s", ", ".join(slow), "waiting for tritonserver to exit" if not held else
-                         f"still held: {', '.join(held)}")
-            elif time.monotonic() > grace_ends:
-                log.warning("killing tritonserver %.0f s after its SIGTERM, not waiting out its exit timeout (%ss) for %s",
-                            HELD_GRACE_S, self.options.exit_timeout_s, ", ".join(held))
-                return held
-        try:
-            proc.wait(timeout=self.options.exit_timeout_s + 5)
-        except subprocess.TimeoutExpired:
-            self._report_hang(proc.pid, drained)
-        return ()
-
-    def _report_hang(self, pid: int, drained: bool) -> None:
-        """Say loudly that tritonserver ignored SIGTERM, with its threads' stacks if gdb is here."""
+    def _report_hang(self, pid: int, drained: bool, deadline: float) -> None:
+        """Say loudly that tritonserver did not exit after SIGTERM, with its threads' stacks if
+        gdb is here and the stop's time allows."""
         state = ("every model was unloaded first, so no request was in flight" if drained
                  else "models were still busy: their in-flight requests fail")
         stacks = ""
-        if shutil.which("gdb") and self.options.log_file:
+        left = deadline - time.monotonic() - 1.0
+        if shutil.which("gdb") and self.options.log_file and left > 1.0:
             try:
                 stacks = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                                        capture_output=True, text=True, timeout=60).stdout
+                                        capture_output=True, text=True, timeout=min(10.0, left)).stdout
             except (subprocess.TimeoutExpired, OSError) as exc:
                 stacks = f"(gdb failed: {exc})"
             with open(self.options.log_file, "a") as f:
                 f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
-        log.error("tritonserver did not exit within %ss of SIGTERM (%s): killing it%s", self.options.exit_timeout_s + 5,
-                  state, f"; its thread stacks are in {self.options.log_file}" if stacks else "")
+        log.error("tritonserver did not exit after SIGTERM (%s): killing it%s", state,
+                  f"; its thread stacks are in {self.options.log_file}" if stacks else "")
 
     def _log_hint(self) -> str:
         """Error lines of the server log (model load failures), for exception messages."""
@@ -745,11 +757,37 @@ class TritonServer:
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
 
 
-def _check_ports_free(opts: ServerOptions) -> None:
+class _StopView:
+    """A running tritonserver as stopping.py asks it: each call with a short timeout."""
+
+    CALL_TIMEOUT_S = 2.0
+
+    def __init__(self, server: TritonServer, proc: subprocess.Popen):
+        self._server, self._proc = server, proc
+        self._admin = RepositoryAdmin(server.http_url, server.options.admin_key, timeout_s=self.CALL_TIMEOUT_S)
+
+    def states(self) -> dict[str, str]:
+        return self._admin.states(timeout_s=self.CALL_TIMEOUT_S)
+
+    def unload(self, model: str) -> None:
+        self._admin.unload(model, timeout_s=self.CALL_TIMEOUT_S)
+
+    def stubs(self):
+        return stubs(self._proc.pid)
+
+    def snapshot(self) -> in_flight.Snapshot:
+        metrics = self._server.metrics_url if "metrics" in _endpoints(self._proc.args) else None
+        return in_flight.read_snapshot(time.monotonic(), self._server.http_url, metrics, stubs(self._proc.pid).live)
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+
+def _check_ports_free(opts: ServerOptions, status: bool = True) -> None:
     """Fail at once, naming the port, when something already listens there (another Triton
     would otherwise answer our readiness poll and we would serve nothing)."""
     ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
-    for what, port in ports + ([("status", opts.status_port)] if opts.status_port else []):
+    for what, port in ports + ([("status", opts.status_port)] if opts.status_port and status else []):
         with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds: a listener is a clash, TIME_WAIT is not
             try:
@@ -869,7 +907,8 @@ def _available_backends(binary: _Binary) -> set[str]:
 # ---- bls-serve ----------------------------------------------------------------------
 def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:
     """tritonserver's flags to trace one request in `rate` into `file` (written a trace at a
-    time, as FILE.0, FILE.1, ...)."""
+    time, as FILE.0, FILE.1, ...). On Triton 2.51 any traced request can abort tritonserver
+    (workarounds.py, "tracing abort"): bls-serve passes them only when asked to."""
     return ("--trace-config", f"triton,file={Path(file).resolve()}", "--trace-config", "triton,log-frequency=1",
             "--trace-config", f"rate={rate}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1")
 
@@ -890,13 +929,26 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
+    p.add_argument("--trace-rate", type=int, metavar="N",
+                   help="trace one request in N through Triton (TIMESTAMPS): the status port's latency histograms and "
+                        "/requests (bls-explain) then work on those; default: no tracing, as Triton 2.51's tracer can "
+                        "abort tritonserver on any traced request (docs/reliability.md, \"Triton 2.51 workarounds\")")
     p.add_argument("--trace", metavar="FILE", type=Path,
-                   help="keep Triton's trace of every request (TIMESTAMPS) in FILE.0, FILE.1, ... one JSON list per "
-                        "trace; a flow's child calls show under a request's trace (docs/reliability.md, \"Tracing\"); "
-                        "without it, bls-serve reads its traces for the status port and removes them")
+                   help="keep Triton's traces (TIMESTAMPS) in FILE.0, FILE.1, ... one JSON list per trace, of every "
+                        "request unless --trace-rate says otherwise; a flow's child calls show under a request's trace "
+                        "(docs/reliability.md, \"Tracing\"); without it, bls-serve reads the traces of --trace-rate "
+                        "for the status port and removes them")
     p.add_argument("--status-port", type=int, default=8003,
-                   help="bls-serve's own endpoint: /ready (the --ready-for models), /metrics (request latency "
-                        "histograms), /requests (bls-explain); 0: none (and no request tracing)")
+                   help="bls-serve's own endpoint: /ready (the --ready-for models, and what happened to tritonserver), "
+                        "/metrics (restarts, load failures; latency histograms with --trace-rate), /requests "
+                        "(bls-explain, with --trace-rate); 0: none")
+    p.add_argument("--hang-timeout", type=float, default=8.0, metavar="SECONDS",
+                   help="a tritonserver that answers its liveness endpoint over neither HTTP nor gRPC (each asked every "
+                        "second, 2 s timeout) for this long is killed with its stubs and, with --restart, started "
+                        "again (0: not checked)")
+    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                   help="give up (exit 4) when tritonserver has to be restarted more than N times within 10 minutes "
+                        "(0: never give up)")
     p.add_argument("--ready-for", metavar="MODELS",
                    help="comma-separated models the status port's /ready follows, and no other (default: --models, "
                         "else every flow that loaded at start; and any flow loaded later, while it is): READY, and a "
@@ -946,45 +998,87 @@ def _exit_cause(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _serve(server: TritonServer, stop: threading.Event, restart: bool) -> int | None:
-    """Serve until `stop` is set; start a tritonserver that dies on its own again (with
-    _Backoff), or return 1 when `restart` is off. None: stopped."""
-    backoff = _Backoff()
+@dataclass
+class _Intensity:
+    """Erlang/OTP's restart intensity: more than `most` restarts within `window_s` and bls-serve
+    gives up (0: never), so a server that cannot stay up is not started again forever."""
+    most: int = 5
+    window_s: float = 600.0
+    _at: list = field(default_factory=list)
+
+    def allow(self, now: float) -> bool:
+        self._at = [t for t in self._at if now - t < self.window_s]
+        if self.most and len(self._at) >= self.most:
+            return False
+        self._at.append(now)
+        return True
+
+
+def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity: _Intensity | None = None) -> int | None:
+    """Serve until `stop` is set; start a tritonserver that dies on its own, or hangs (killed
+    with its group), again (with _Backoff, and _Intensity's limit: then ExitCode.GAVE_UP), or
+    return ExitCode.LOST (died) or HUNG (hung) when `restart` is off. None: stopped."""
+    backoff, intensity = _Backoff(), intensity or _Intensity()
     while True:
-        while server.running() and not stop.wait(0.2):
-            pass
+        while server.running() and not server.hung and not stop.is_set():
+            server.woken.wait(0.2)
         if stop.is_set():
             return None
-        died_at, cause, uptime = time.monotonic(), _exit_cause(server.returncode), server.uptime_s
-        server.stop()  # what it left: its stubs, /dev/shm regions, the watchdog on it
+        died_at, uptime = time.monotonic(), server.uptime_s
+        fatal = server.log_watch.fatal
+        said = f"; its log's last fatal line: {fatal}" if fatal else ""
+        if server.hung:
+            cause, what, said = "hung", f"did not answer ({server.hung}) and was killed with its group", ""
+            server.kill()
+        else:
+            code = server.returncode
+            cause = "crashed" if code is not None and code < 0 else "exited"
+            what = _exit_cause(code)
+        server.log_watch.fatal = None  # said once
+        server.condition = f"tritonserver {what}"
+        server.stop(final=False)  # what it left: its stubs, /dev/shm regions, the watchdog on it
         if not restart:
+            code = ExitCode.HUNG if cause == "hung" else ExitCode.LOST
             log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "--no-restart: bls-serve exits 1", cause, uptime)
-            return 1
+                      "--no-restart: bls-serve exits %d%s", what, uptime, code, said)
+            return code
         while True:
+            if not intensity.allow(time.monotonic()):
+                server.condition = (f"bls-serve gave up: tritonserver ended {intensity.most} times within "
+                                    f"{intensity.window_s:.0f} s, the last {what}")
+                log.error("%s; bls-serve exits %d (restarts by cause: %s)", server.condition, ExitCode.GAVE_UP,
+                          ", ".join(f"{c} {n}" for c, n in server.restart_causes.items()))
+                return ExitCode.GAVE_UP
             delay = backoff.delay(uptime)
+            server.condition = f"tritonserver {what}; restarting it in {delay:.0f} s (restart {server.restarts + 1})"
             log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "restarting it in %.0f s (restart %d, %s=%d)", cause, uptime, delay, server.restarts + 1,
-                      RESTARTS_ENV, server.restarts + 1)
+                      "restarting it in %.0f s (restart %d, %s=%d)%s", what, uptime, delay, server.restarts + 1,
+                      RESTARTS_ENV, server.restarts + 1, said)
+            said = ""
             if stop.wait(delay):
                 return None
+            server.restart_causes[cause] += 1
+            server.condition = f"tritonserver {what}; starting it again (restart {server.restarts + 1})"
             try:
                 server.restart(cancel=stop)
                 break
             except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
                 if stop.is_set():
                     return None
-                cause, uptime = f"could not be started again ({exc})", 0.0
-        log.warning("tritonserver restarted (restart %d, %s=%d): serving %s again, %.1f s after it died",
-                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded), time.monotonic() - died_at)
+                cause, what, uptime = "start_failed", f"could not be started again ({exc})", 0.0
+        log.warning("tritonserver restarted (restart %d, %s=%d): serving %s again, %.1f s after it %s",
+                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded), time.monotonic() - died_at,
+                    "was killed" if cause == "hung" else "died")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """bls-serve. Exit code: 0 once stopped (SIGTERM, Ctrl-C) with every request in flight
-    answered (tritonserver drained, even if it had to be killed after for a copy a dead
-    stub left stuck); 1 when the stop could not drain, or tritonserver died on its own with
-    --no-restart; 2 when it could not start (with --fail-fast: any model failed its load, or
-    its config.pbtxt does not read)."""
+    """bls-serve; its exit status is an ExitCode: 0 once stopped (SIGTERM, Ctrl-C) with every
+    request in flight answered (tritonserver drained, even if it had to be killed after for a
+    copy a dead stub left stuck, or a model Triton held); 1 when the stop could not drain, or
+    tritonserver died on its own with --no-restart; 2 when it could not start (with
+    --fail-fast: any model failed its load, or its config.pbtxt does not read); 3 when
+    tritonserver stopped answering (at the stop, or with --no-restart) and was killed; 4 when
+    it ended too often and bls-serve gave up restarting it."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = ServerOptions(
@@ -999,7 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
         fail_fast=args.fail_fast,
         status_port=args.status_port or None,
         ready_for=tuple(args.ready_for.split(",")) if args.ready_for else None,
+        trace_rate=args.trace_rate if args.trace_rate is not None else (1 if args.trace else 0),
         trace_file=args.trace,
+        hang_timeout_s=args.hang_timeout,
+        die_with_parent=True,  # started from this, the main thread: a bls-serve killed takes tritonserver along
     )
     if args.admin_key:
         opts.admin_key = args.admin_key
@@ -1014,14 +1111,17 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()  # start() stopped what it started; this only makes sure
         if stop.is_set():
             log.info("stopped while tritonserver was starting")
-            return 0
+            return ExitCode.OK
         print(f"bls-serve: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.START
     # The stubs of a tritonserver that crashed or was killed become bls-serve's children, to
     # reap at once: in a container bls-serve is PID 1 (the entrypoint execs it), and otherwise
     # init would reap them when it gets to it.
     if not become_subreaper():
         log.warning("this kernel refused to make bls-serve a child subreaper: init reaps the stubs of a killed tritonserver")
+    if opts.trace_rate:
+        log.warning("request tracing is on (one request in %d): on Triton 2.51 a traced request can abort tritonserver "
+                    "(docs/reliability.md, \"Triton 2.51 workarounds\")", opts.trace_rate)
     outcome = None
     try:
         where = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
@@ -1037,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)
-        outcome = _serve(server, stop, args.restart)
+        outcome = _serve(server, stop, args.restart, _Intensity(most=args.max_restarts))
     finally:
         was_serving = server.running()
         code = server.stop()
@@ -1046,21 +1146,26 @@ def main(argv: list[str] | None = None) -> int:
         return outcome
     if not was_serving:  # it had died and was not started again yet: nothing was in flight
         log.info("stopped while tritonserver was down")
-        return 0
+        return ExitCode.OK
+    if report.hung:
+        log.error("tritonserver did not answer at the stop (%s): it was killed with its group (exit code %s)%s; "
+                  "bls-serve exits %d", report.reason, code,
+                  "" if report.drained else ", requests in flight may have failed", ExitCode.HUNG)
+        return ExitCode.HUNG
     if report.held:
         log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
-                    "for %s, which Triton kept from unloading with nothing in flight", code, ", ".join(report.held))
-        return 0
+                    "for %s, which Triton kept live with nothing in flight", code, ", ".join(report.held))
+        return ExitCode.OK
     if report.stuck:
         log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
                     "for %d model copy(ies) a dead python stub left stuck", code, len(report.stuck))
-        return 0
+        return ExitCode.OK
     if not report.drained and code != 0:
-        log.error("tritonserver stopped without a full drain (exit code %s): requests in flight may have failed; "
-                  "bls-serve exits 1", code)
-        return 1
+        log.error("tritonserver stopped without a full drain (exit code %s; %s): requests in flight may have failed; "
+                  "bls-serve exits %d", code, report.reason or "the drain failed", ExitCode.LOST)
+        return ExitCode.LOST
     log.info("tritonserver stopped (exit code %s)", code)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

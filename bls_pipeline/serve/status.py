@@ -1,14 +1,32 @@
 """bls-serve's own endpoint (--status-port, 8003): readiness that follows the models an
-operator names, the request latency Triton's metrics lack, and the recent requests explained.
+operator names, what happened to tritonserver, and (with request tracing on) the request
+latency Triton's metrics lack and the recent requests explained.
 
-    GET /ready      200 when every model it follows is READY and its last probe answered (a
-                    flow whose candidates all failed to load does not), else 503 naming why,
-                    as of now; it follows the models named (--ready-for), else those asked
+Nothing here waits on tritonserver: every answer is made from what bls-serve's threads last
+saw (the model states, refreshed every second; the liveness checks; the watchdog's probes), so
+a tritonserver that hangs makes /ready say so, at once, instead of hanging it too.
+
+    GET /ready      200 when tritonserver serves, every model it follows is READY and its last
+                    probe answered (a flow whose candidates all failed to load does not), else
+                    503 naming why; it follows the models named (--ready-for), else those asked
                     for and every flow READY now (one loaded later too, while it is loaded).
                     No other model counts: one that failed its load and nobody named, was
                     unloaded or is fixed later changes nothing here (Triton's strict
-                    /v2/health/ready stays 400 after one failed load, even once it is unloaded)
-    GET /metrics    Prometheus text:
+                    /v2/health/ready stays 400 after one failed load, even once it is unloaded).
+                    A model whose last load failed while its old copy serves stays ready, and
+                    the text says so. While tritonserver does not answer, is being killed or
+                    restarted, or bls-serve gave up on it: 503 saying which, and why
+    GET /metrics    Prometheus text, every counter there from the start at 0 for each label value:
+        bls_tritonserver_restarts_total{cause}   tritonserver started again by bls-serve, by the
+                    cause of its end: crashed (a signal), exited (an exit code), hung (stopped
+                    answering: killed with its group), start_failed (the restart before failed)
+        bls_model_load_failures_total{model}   loads that failed, Triton's log says (a reload
+                    that failed while the old copy serves included: its index shows none)
+        bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index,
+                    and a failed load Triton's log named until the model loads again
+        bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
+    With request tracing on (bls-serve --trace-rate N; workarounds.py, "tracing abort"), of the
+    traced requests (one in N):
         bls_request_duration_seconds{model}  histogram: a request's time in Triton, from its
                     arrival to its response (its trace's REQUEST_START to REQUEST_END), every
                     user's request that reached the model, answered or failed
@@ -23,17 +41,15 @@ operator names, the request latency Triton's metrics lack, and the recent reques
                     cancelled, or its gRPC deadline passed) while they waited in Triton's queue,
                     dropped there: not a refusal (Triton's {reason="CANCELED"}); the flows count
                     those they drop themselves in bls_requests_total{code="CANCELLED"}
-        bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index
-        bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
-    GET /requests?slowest=N, ?id=ID   the recent requests (the last KEEP) explained (explain.py);
-                    &model=M: of that model only, &since=S: arrived in the last S seconds
+    GET /requests?slowest=N, ?id=ID   the recent traced requests (the last KEEP) explained
+                    (explain.py); &model=M: of that model only, &since=S: arrived in the last S
+                    seconds. 409 with tracing off
 
-The latencies come from Triton's own request traces, which bls-serve turns on for every
-request (level TIMESTAMPS, one file per trace, read here and removed); the watchdog's probes
-(request id contract.PROBE_REQUEST_ID) are left out. The histograms of the models /ready
-follows, and the refusals and cancellations of every READY model, are there from the start
-at 0, so that a rate over them sees the first request. The flows send one record per execute()
-to a datagram socket read here (adapter/records.py), which /requests joins with the traces.
+The latencies come from Triton's own request traces (level TIMESTAMPS, one file per trace,
+read here and removed); the watchdog's probes (request id contract.PROBE_REQUEST_ID) are left
+out. The flows send one record per execute() to a datagram socket read here
+(adapter/records.py), which /requests joins with the traces. Without tracing, Triton's own
+latency summaries (nv_inference_request_summary_us, on its metrics port) measure every request.
 """
 
 from __future__ import annotations
@@ -44,20 +60,33 @@ import math
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..contract import PROBE_REQUEST_ID
 from .explain import explain, slowest
 from .states import ModelStates
 from .traces import CANCELLED, QUEUE_FULL, QUEUE_TIMEOUT, RequestTrace, TraceFiles
 
-__all__ = ["LATENCY_BOUNDS", "Histogram", "StatusServer"]
+__all__ = ["LATENCY_BOUNDS", "RESTART_CAUSES", "Histogram", "ServerState", "StatusServer"]
+
+# Why bls-serve started tritonserver again: how the one before ended (bls_tritonserver_restarts_total).
+RESTART_CAUSES = ("crashed", "exited", "hung", "start_failed")
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What bls-serve knows of tritonserver beyond its models' states (TritonServer.state)."""
+    condition: str | None = None  # what bls-serve does about it now (None: it serves)
+    restarts: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))
+    load_failing: Mapping[str, object] = field(default_factory=dict)  # model -> tritonlog.LoadFailure
+    load_failures: Mapping[str, int] = field(default_factory=dict)  # model -> failed loads so far
+    known: Sequence[str] = ()  # the models planned to load: every per-model counter has them
+    reloads: Mapping[str, int] = field(default_factory=dict)  # model -> the watchdog's reloads so far
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +138,11 @@ _HELP = {
     "bls_model_ready": ("gauge", "1 while the model is READY in Triton's repository index, else 0"),
     "bls_model_load_failed": ("gauge", "1 while the model's last load failed (Triton's index: UNAVAILABLE with a reason)"),
     "bls_watchdog_reloads_total": ("counter", "Reloads of the model by bls-serve's watchdog after its python stub died"),
+    "bls_tritonserver_restarts_total": ("counter", "Starts of tritonserver by bls-serve after the one before ended, by "
+                                        "how it ended: crashed (a signal), exited (an exit code), hung (it stopped "
+                                        "answering and was killed), start_failed (the restart before did not start)"),
+    "bls_model_load_failures_total": ("counter", "Loads of the model that failed, as Triton's log says, a reload that "
+                                      "failed while the old copy serves included"),
 }
 
 
@@ -119,16 +153,18 @@ class StatusServer:
     None). `ready_for`: the models /ready follows; `also_ready`: the models it follows as well,
     asked at each look (bls-serve's: the flows READY now, where --ready-for is not given)."""
 
-    def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path, own_traces: bool,
+    def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path | None, own_traces: bool,
                  records_path: Path, ready_for: Sequence[str], watchdog: Callable[[], object | None] = lambda: None,
-                 interval_s: float = 0.2, states_every_s: float = 1.0, also_ready: Callable[[], Sequence[str]] = tuple):
+                 interval_s: float = 0.2, states_every_s: float = 1.0, also_ready: Callable[[], Sequence[str]] = tuple,
+                 server: Callable[[], ServerState] = ServerState):
         self.host, self.port = host, port
         self.states = states
         self._http_url = http_url
         self.ready_for = tuple(ready_for)
         self._also_ready = also_ready
         self._watchdog = watchdog
-        self._files = TraceFiles(trace_prefix, remove=own_traces)
+        self._server = server
+        self._files = TraceFiles(trace_prefix, remove=own_traces) if trace_prefix is not None else None
         self._records_path = Path(records_path)
         self._interval, self._states_every = interval_s, states_every_s
         self._lock = threading.Lock()  # the histograms, counts and kept traces and records
@@ -157,19 +193,26 @@ class StatusServer:
                                                                         {"address_family": socket.AF_INET6})
         self._http = server((self.host, self.port), handler)
         self._http.daemon_threads = True
-        for target, name in ((self._http.serve_forever, "bls-status-http"), (self._collect, "bls-status-traces"),
-                             (self._receive, "bls-status-records"), (self._watch_states, "bls-status-states")):
+        work = [(self._http.serve_forever, "bls-status-http"), (self._receive, "bls-status-records"),
+                (self._watch_states, "bls-status-states")]
+        if self._files is not None:
+            work.append((self._collect, "bls-status-traces"))
+        for target, name in work:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    @property
+    def tracing(self) -> bool:
+        return self._files is not None
 
     def stop(self) -> None:
         self._halt.set()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        for thread in self._threads:  # the states thread may be in a call to a tritonserver that hangs (2 s)
+            thread.join(timeout=3)
         if self._socket is not None:
             self._socket.close()
             self._records_path.unlink(missing_ok=True)
@@ -184,6 +227,8 @@ class StatusServer:
 
     def collect(self) -> None:
         """Read the trace files written since the last look (the thread's loop, and /requests first)."""
+        if self._files is None:
+            return
         with self._collecting:
             try:
                 traces = self._files.read_new()
@@ -238,22 +283,29 @@ class StatusServer:
 
     # ---- what it answers -------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
+        """From what was last seen, never asking tritonserver (a server that hangs would hang it)."""
+        server = self._server()
+        if server.condition:
+            return False, f"not ready: {server.condition}"
         if not self.serving:
             return False, "starting: tritonserver is loading its models"
         watchdog = self._watchdog()
         outcomes = getattr(watchdog, "outcomes", {}) if watchdog is not None else {}
         why = {}
+        states = self.states.states
         followed = tuple(dict.fromkeys((*self.ready_for, *self._also_ready())))
         for model in followed:
-            if not _model_ready(self._http_url, model):
-                entry = self.states.states.get(model, {})
+            entry = states.get(model, {})
+            if entry.get("state") != "READY":
                 why[model] = f"{entry.get('state') or 'not loaded'}" + (f" ({_first_line(entry['reason'])})"
                                                                         if entry.get("reason") else "")
             elif model in outcomes and not outcomes[model].ok:
                 why[model] = f"its last probe failed: {_first_line(outcomes[model].message)}"
         if why:
             return False, "not ready: " + "; ".join(f"{m} {w}" for m, w in why.items())
-        return True, "ready: " + ", ".join(followed)
+        failing = [f"{m} (its last load failed, its serving copy answers: {_first_line(getattr(f, 'why', ''))})"
+                   for m, f in sorted(server.load_failing.items()) if states.get(m, {}).get("state") == "READY"]
+        return True, "ready: " + ", ".join(followed) + ("; " + "; ".join(failing) if failing else "")
 
     def metrics(self) -> str:
         lines = []
@@ -262,34 +314,38 @@ class StatusServer:
             kind, text = _HELP[name]
             lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows])
 
-        with self._lock:
-            # The models /ready follows, and every READY one's refusals and cancellations, are there
-            # from the start, at 0: a rate over them sees the first request (a series that appears
-            # at 1 shows none).
-            for model in self.ready_for:
-                self._requests.setdefault(model, Histogram())
-                self._queues.setdefault(model, Histogram())
-            for model, entry in self.states.states.items():
-                if entry["state"] == "READY":
+        server = self._server()
+        states, failed = self.states.states, self.states.failed()
+        # Every model planned or seen, each counter at 0 from the start: a rate over them sees
+        # the first event (a series that appears at 1 shows none).
+        models = sorted({*server.known, *states, *self.ready_for, *server.reloads, *server.load_failures})
+        if self.tracing:
+            with self._lock:
+                for model in self.ready_for:
+                    self._requests.setdefault(model, Histogram())
+                    self._queues.setdefault(model, Histogram())
+                for model in models:
                     for reason in (QUEUE_FULL, QUEUE_TIMEOUT):
                         self._refused.setdefault((model, reason), 0)
                     self._cancelled.setdefault(model, 0)
-            family("bls_request_duration_seconds",
-                   [ln for m, h in sorted(self._requests.items()) for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
-            family("bls_queue_duration_seconds",
-                   [ln for m, h in sorted(self._queues.items()) for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
-            family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}",reason="{r}"}} {n}'
-                                                  for (m, r), n in sorted(self._refused.items())])
-            family("bls_queue_cancelled_requests_total", [f'bls_queue_cancelled_requests_total{{model="{m}"}} {n}'
-                                                          for m, n in sorted(self._cancelled.items())])
-        states, failed = self.states.states, self.states.failed()
-        family("bls_model_ready", [f'bls_model_ready{{model="{m}"}} {int(s["state"] == "READY")}' for m, s in sorted(states.items())])
-        family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} {int(m in failed)}' for m in sorted(states)])
-        watchdog = self._watchdog()
-        reloads: dict[str, int] = {}
-        for recovery in getattr(watchdog, "recoveries", ()) if watchdog is not None else ():
-            reloads[recovery.model] = reloads.get(recovery.model, 0) + 1
-        family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {n}' for m, n in sorted(reloads.items())])
+                family("bls_request_duration_seconds",
+                       [ln for m, h in sorted(self._requests.items()) for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
+                family("bls_queue_duration_seconds",
+                       [ln for m, h in sorted(self._queues.items()) for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
+                family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}",reason="{r}"}} {n}'
+                                                      for (m, r), n in sorted(self._refused.items())])
+                family("bls_queue_cancelled_requests_total", [f'bls_queue_cancelled_requests_total{{model="{m}"}} {n}'
+                                                              for m, n in sorted(self._cancelled.items())])
+        family("bls_tritonserver_restarts_total", [f'bls_tritonserver_restarts_total{{cause="{c}"}} {server.restarts.get(c, 0)}'
+                                                   for c in RESTART_CAUSES])
+        family("bls_model_ready", [f'bls_model_ready{{model="{m}"}} {int(states.get(m, {}).get("state") == "READY")}'
+                                   for m in models])
+        family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} {int(m in failed or m in server.load_failing)}'
+                                         for m in models])
+        family("bls_model_load_failures_total", [f'bls_model_load_failures_total{{model="{m}"}} {server.load_failures.get(m, 0)}'
+                                                 for m in models])
+        family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {server.reloads.get(m, 0)}'
+                                              for m in models])
         return "\n".join(lines) + "\n"
 
     def requests(self, slowest_n: int | None = None, request_id: str | None = None, since_s: float | None = None,
@@ -309,14 +365,6 @@ class StatusServer:
         return [explain(t, records, traces) for t in chosen]
 
 
-def _model_ready(http_url: str, model: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/models/{urllib.parse.quote(model)}/ready", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _first_line(text: str) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
@@ -333,6 +381,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200 if ok else 503, text + "\n", "text/plain; charset=utf-8")
             elif url.path == "/metrics":
                 self._send(200, self.status.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+            elif url.path == "/requests" and not self.status.tracing:
+                self._send(409, "request tracing is off (on Triton 2.51 a traced request can abort tritonserver): "
+                                "start bls-serve with --trace-rate N to trace one request in N\n", "text/plain; charset=utf-8")
             elif url.path == "/requests":
                 n = int(query.get("slowest", ["1"])[0])
                 since = query.get("since", [None])[0]

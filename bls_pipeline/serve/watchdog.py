@@ -11,7 +11,9 @@ that is now a zombie (Triton reaps a stub only when it unloads its copy) or gone
 live stub serving its instance, has died: the watchdog reloads that model at once (the
 server's `reload_model`: a fresh copy loaded while the old one serves), logging loudly,
 before its probe could reach the dead stub. A stub killed while no request (a probe
-included) was in it then leaves nothing behind.
+included) was in it then leaves nothing behind. A stub Triton found unhealthy that is still
+alive (stopped, or wedged: its health check went unanswered) is killed once the fresh copy
+serves, so the old copy can go and does not hold tritonserver's exit.
 
 Then it sends each python model a small real inference (called models first), which
 catches a stub that is alive but not healthy, and anything the processes cannot show.
@@ -43,12 +45,15 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -57,20 +62,23 @@ from PIL import Image
 from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..runtime.answer import numpy_dtype
 from .processes import stubs
+from .workarounds import DEAD_STUB, PROBE_BUSY
 
 __all__ = ["ProbeBackoff", "ProbeOutcome", "Recovery", "Watchdog", "dead_stub_model"]
 
 log = logging.getLogger(__name__)
 
-_DEAD_STUB = re.compile(r"Stub process '(?P<instance>[^']+)' is not healthy")
-# A probe refused for overload, or that timed out: says nothing of whether the model can answer.
-_BUSY = re.compile(r"Exceeds maximum queue size|Request timeout expired|timed? ?out", re.IGNORECASE)
-
 
 def dead_stub_model(message: str) -> str | None:
     """Model whose stub an error message reports dead ('<model>_<group>_<index>'), or None."""
-    m = _DEAD_STUB.search(message)
+    m = DEAD_STUB.search(message)
     return re.sub(r"_\d+_\d+$", "", m.group("instance")) if m else None
+
+
+def dead_stub_instance(message: str) -> str | None:
+    """The instance whose stub an error message reports dead ('<model>_<group>_<index>'), or None."""
+    m = DEAD_STUB.search(message)
+    return m.group("instance") if m else None
 
 
 @dataclass(frozen=True)
@@ -195,16 +203,21 @@ class Watchdog(threading.Thread):
         self._halt = threading.Event()
         self._looking = threading.Lock()  # a look and its reloads, the looks' thread's or the probes'
         self._recovered_at: dict[str, float] = {}  # model -> when its last reload ended
+        self._unhealthy: dict[str, str | None] = {}  # model -> the instance a probe found unhealthy
         self.recoveries: list[Recovery] = []
         self.rounds = 0  # rounds of probes completed, each probe after a look (a test waits for one to end)
         self._watch(self._models())
         if pgid is not None:
             self._dead_stubs()  # the stubs as they start: each one's instance is known before it can die
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Halt, and wait up to `timeout_s` for a probe or reload under way (each bounded by its
+        own timeout) to end: a stop with a bound does not wait longer."""
         self._halt.set()
-        self.join(timeout=30)
-        self._client.close()
+        if self.is_alive():
+            self.join(timeout=timeout_s)
+        if not self.is_alive():
+            self._client.close()
 
     def instance_of(self, pid: int) -> str | None:
         """The instance a stub served when last seen alive (None: never seen)."""
@@ -279,6 +292,18 @@ class Watchdog(threading.Thread):
                 del self._seen[pid]
         return [m for m, names in self._instances.items() if names & suspects and self._is_ready(m)]
 
+    def _end(self, pids: set[int], instance: str | None) -> None:
+        """Kill the stubs Triton found unhealthy that are still alive (stopped, or wedged), now
+        that a fresh copy serves: the old copy can then go, and does not hold tritonserver's exit."""
+        for pid in sorted(pids):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, IndexError):  # gone meanwhile
+                continue
+            log.error("WATCHDOG: killed the unhealthy python stub of %s (pid %d, state %s): Triton found it not "
+                      "answering its health check, and a fresh copy serves", instance, pid, state)
+
     def _is_ready(self, model: str) -> bool:
         # Plain HTTP, not self._client: the looks run on both threads, and the probes' client
         # (geventhttpclient) stays on the probes' thread.
@@ -297,8 +322,9 @@ class Watchdog(threading.Thread):
             message = str(exc)
             dead = dead_stub_model(message)
             if dead in self._probes:
+                self._unhealthy[dead] = dead_stub_instance(message)
                 return dead
-            if not _BUSY.search(message):
+            if not PROBE_BUSY.search(message):
                 now = time.monotonic()
                 self.outcomes[model] = ProbeOutcome(False, message, now)
                 line = self.backoff.failed(model, message, now)
@@ -314,6 +340,9 @@ class Watchdog(threading.Thread):
 
     def _recover(self, model: str) -> None:
         detected = time.monotonic()
+        instance = self._unhealthy.pop(model, None)
+        unhealthy = ({pid for pid, name in stubs(self._pgid).live.items() if name == instance}
+                     if instance and self._pgid is not None else set())
         log.error("WATCHDOG: the python stub of model %r is dead (Triton still reports it READY); reloading it", model)
         try:
             self._reload(model)
@@ -321,6 +350,7 @@ class Watchdog(threading.Thread):
             log.error("WATCHDOG: reloading %r FAILED: %s", model, exc)
             self.recoveries.append(Recovery(model, detected, None))
             return
+        self._end(unhealthy, instance)
         recovered = self._recovered_at[model] = time.monotonic()
         self.backoff.probe_soon(model)  # a fresh copy: probed at the next round
         log.error("WATCHDOG: model %r reloaded, serving again after %.1f s", model, recovered - detected)

@@ -262,4 +262,4 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog
         time.sleep(0.1)
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # its child went with it
-    assert "did not exit within 5s of SIGTERM" in caplog.text
+    assert "tritonserver did not exit after SIGTERM" in caplog.text and srv.last_stop.hung

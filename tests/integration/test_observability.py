@@ -7,9 +7,9 @@ it is (classify_bad), and good flows beside them.
   naming the load error (not 503, the retry-later code); fixed, it answers again;
 - bls-serve's /ready follows the models named, and Triton's strict readiness does not recover;
 - the watchdog probes a model loaded later through the repository API, and brings it back;
-- bls-serve's latency histogram counts users' requests exactly (the probes left out), it counts
-  the requests Triton's queue refused (Triton counts them nowhere), and bls-explain accounts
-  for a request's compute part by part;
+- with request tracing on, bls-serve's latency histogram counts users' requests exactly (the
+  probes left out), it counts the requests Triton's queue refused (Triton counts them nowhere),
+  and bls-explain accounts for a request's compute part by part;
 - bls-serve as a process names what failed and serves (--fail-fast: exits 2)."""
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ def broken_repo(model_repo, tmp_path_factory) -> Path:
 def kept(broken_repo, tmp_path_factory):
     """The server that serves what loads (fail_fast off), watchdog every 0.5 s, status port on."""
     logs = tmp_path_factory.mktemp("observability-logs")
+    # trace_rate=1: the histogram, the queue-full refusals and bls-explain read Triton's traces,
+    # off as shipped (Triton 2.51's tracer can abort tritonserver: workarounds.py).
     server = TritonServer(ServerOptions.on_free_ports(
         broken_repo, logs / "tritonserver.log", models=(BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape", TINY_QUEUE), fail_fast=False,
-        status_port=free_port(), watchdog_interval_s=0.5))
+        status_port=free_port(), watchdog_interval_s=0.5, trace_rate=1))
     server.start()
     yield server
     server.stop()

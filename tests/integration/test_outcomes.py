@@ -78,8 +78,10 @@ def watched(repo_root, tmp_path_factory, child_factory):
     # only when the instance takes its next batch (a call here takes 1 s), and counts it till then.
     _flow(repo, shipped, FLOW, max_queue_size=64)
     _flow(repo, shipped, SMALL_QUEUE, max_queue_size=2)
+    # trace_rate=1: the status port's refusal and cancellation counters read Triton's traces,
+    # off as shipped (Triton 2.51's tracer can abort tritonserver: workarounds.py).
     server = TritonServer(ServerOptions.on_free_ports(repo, tmp / "tritonserver.log", models=(FLOW, SMALL_QUEUE),
-                                                      status_port=free_port()))
+                                                      status_port=free_port(), trace_rate=1))
     server.start()
     port = free_port()
     shutil.copy(repo_root / "deploy" / "monitoring" / "rules.yml", tmp / "rules.yml")

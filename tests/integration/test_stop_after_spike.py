@@ -91,7 +91,7 @@ def test_ten_stops_after_grpc_spikes_each_take_seconds_and_exit_0(model_repo, re
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         text = log.read_text(errors="replace")
-        held = re.search(r"WARNING bls_pipeline.serve.server: (.*) still unloading with nothing in flight", text)
+        held = re.search(r"WARNING bls_pipeline.serve.stopping: (.*) still unloading with nothing in flight", text)
         stops.append((took, code, held.group(1) if held else "", seen))
         print(f"stop {run + 1}: {took:.1f} s, exit {code}, spike {seen}" + (f", held: {held.group(1)}" if held else ""))
     held = sum(1 for _, _, h, _ in stops if h)

@@ -126,3 +126,36 @@ def test_a_probe_beside_users_requests_is_answered_from_their_run(model_repo, se
         assert line["probes"] == 1 and "probes" not in line["ms"]  # batched together, the probe not run
     finally:
         server.stop()
+
+
+def test_bls_serve_as_shipped_traces_nothing(model_repo, sample_images):
+    """Triton 2.51's tracer can abort tritonserver on any traced request (workarounds.py,
+    "tracing abort"): bls-serve as shipped runs it with tracing off, its status port says how to
+    turn a sample on, and Triton's own latency summaries count every request instead."""
+    import urllib.request
+
+    from bls_pipeline.serve.client import ClassifyClient
+    from polling import eventually, get
+    from test_crash_recovery import SERVING, BlsServe
+
+    with BlsServe(model_repo, "--models", "classify_bls", "--admin-key", "k") as bls:
+        bls.wait_for_line(SERVING)
+        argv = open(f"/proc/{bls.tritonserver()}/cmdline", "rb").read().split(b"\0")
+        assert not [a for a in argv if a.startswith(b"--trace")], argv
+        request = urllib.request.Request(f"http://{bls.url('http')}/v2/trace/setting", headers={"triton-admin-key": "k"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert json.loads(r.read())["trace_level"] == ["OFF"]
+        code, text = get(f"http://{bls.url('status')}/requests?slowest=1")
+        assert code == 409 and "--trace-rate N" in text
+        client = ClassifyClient(bls.url("grpc"), "grpc")
+        for _ in range(3):
+            client.classify([sample_images["mug"]])
+        client.close()
+
+        def counted() -> bool:
+            with urllib.request.urlopen(f"http://{bls.url('metrics')}/metrics", timeout=10) as r:
+                found = re.search(r'^nv_inference_request_summary_us_count\{model="classify_bls",version="1"\} (\d+)',
+                                  r.read().decode(), re.M)
+            return bool(found) and int(found.group(1)) >= 3
+        eventually(counted, "Triton's latency summary counting classify_bls's requests")
+        assert "request tracing is on" not in bls.output()

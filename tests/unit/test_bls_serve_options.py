@@ -103,19 +103,27 @@ def test_restart_is_on_unless_no_restart(tmp_path):
 
 
 class DiesOnItsOwn:
-    """A stand-in TritonServer: dies of SIGSEGV at each of `deaths` starts, the first restart
-    fails to start, then it serves until `stop` is set."""
+    """A stand-in TritonServer: dies of SIGSEGV (or, with `hangs`, stops answering) at each of
+    `deaths` starts, the first restart fails to start, then it serves until `stop` is set."""
 
-    def __init__(self, stop, deaths: int):
-        self.stop_event, self.deaths, self.restarts, self.stops = stop, deaths, 0, 0
+    def __init__(self, stop, deaths: int, hangs: bool = False, serves_after: bool = True):
+        self.stop_event, self.deaths, self.restarts, self.stops, self.kills = stop, deaths, 0, [], 0
         self.loaded, self.returncode, self.uptime_s = ("classify_bls",), -signal.SIGSEGV, 2.0
-        self.failed_once = False
+        self.failed_once, self.hangs, self.serves_after = False, hangs, serves_after
+        self.hung = "no answer over HTTP for 8.0 s (timed out)" if hangs and deaths else None
+        self.woken = threading.Event()
+        self.restart_causes = dict.fromkeys(server.RESTART_CAUSES, 0)
+        self.condition = None
+        self.log_watch = server.LogWatch()
 
     def running(self) -> bool:
-        return self.deaths == 0
+        return self.deaths == 0 or self.hangs
 
-    def stop(self):
-        self.stops += 1
+    def kill(self):
+        self.kills += 1
+
+    def stop(self, final=True):
+        self.stops.append(final)
 
     def restart(self, cancel):
         assert cancel is self.stop_event
@@ -123,7 +131,9 @@ class DiesOnItsOwn:
         if not self.failed_once:
             self.failed_once = True
             raise RuntimeError("tritonserver exited with code 1 before it was ready")
-        self.deaths -= 1
+        if self.serves_after:
+            self.deaths -= 1
+        self.hung = "no answer over HTTP for 8.0 s (timed out)" if self.hangs and self.deaths else None
         if self.deaths == 0:
             threading.Timer(0.3, self.stop_event.set).start()  # serving: then bls-serve is stopped
 
@@ -139,7 +149,8 @@ def test_bls_serve_restarts_a_server_that_died_until_it_serves(quick_backoff, ca
     fake = DiesOnItsOwn(stop, deaths=2)
     caplog.set_level("INFO")
     assert server._serve(fake, stop, restart=True) is None  # stopped
-    assert fake.restarts == 3 and fake.stops == 2  # restart 1 failed to start; what each death left is cleared
+    assert fake.restarts == 3 and fake.stops == [False, False]  # restart 1 failed; what each death left is cleared
+    assert fake.restart_causes == {"crashed": 2, "exited": 0, "hung": 0, "start_failed": 1}
     deaths = [r.getMessage() for r in caplog.records if "not on a stop" in r.getMessage()]
     assert len(deaths) == 3 and all("the requests in flight were lost" in m for m in deaths)
     assert deaths[0].startswith("tritonserver died of SIGSEGV after 2 s serving") and "(restart 1, BLS_SERVER_RESTARTS=1)" in deaths[0]
@@ -149,11 +160,39 @@ def test_bls_serve_restarts_a_server_that_died_until_it_serves(quick_backoff, ca
                                                     "tritonserver restarted (restart 3, BLS_SERVER_RESTARTS=3)"]
 
 
+def test_a_server_that_hangs_is_killed_and_restarted_with_its_cause(quick_backoff, caplog):
+    stop = threading.Event()
+    fake = DiesOnItsOwn(stop, deaths=1, hangs=True)
+    caplog.set_level("INFO")
+    assert server._serve(fake, stop, restart=True) is None
+    assert fake.kills == 1 and fake.restarts == 2
+    assert fake.restart_causes == {"crashed": 0, "exited": 0, "hung": 1, "start_failed": 1}
+    assert "tritonserver did not answer (no answer over HTTP for 8.0 s (timed out)) and was killed with its group" in caplog.text
+    assert "tritonserver restarted (restart 2, BLS_SERVER_RESTARTS=2): serving classify_bls again" in caplog.text
+
+
+def test_a_restart_loop_backs_off_and_gives_up_visibly(quick_backoff, caplog):
+    stop = threading.Event()
+    fake = DiesOnItsOwn(stop, deaths=1, serves_after=False)  # every restart fails to start, or dies again
+    code = server._serve(fake, stop, restart=True, intensity=server._Intensity(most=3, window_s=600))
+    assert code == server.ExitCode.GAVE_UP == 4
+    assert fake.restarts == 3 and sum(fake.restart_causes.values()) == 3
+    assert fake.condition.startswith("bls-serve gave up: tritonserver ended 3 times within 600 s")
+    assert "bls-serve exits 4 (restarts by cause: crashed 2, exited 0, hung 0, start_failed 1)" in caplog.text
+
+
+def test_restart_intensity_counts_only_the_window():
+    intensity = server._Intensity(most=2, window_s=10)
+    assert intensity.allow(0) and intensity.allow(1) and not intensity.allow(2)
+    assert intensity.allow(11.5)  # the first two are out of the window
+    assert server._Intensity(most=0).allow(0)  # 0: never gives up
+
+
 def test_no_restart_exits_1_when_the_server_dies(quick_backoff, caplog):
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=1)
     assert server._serve(fake, stop, restart=False) == 1
-    assert fake.restarts == 0 and fake.stops == 1
+    assert fake.restarts == 0 and fake.stops == [False]
     assert "tritonserver died of SIGSEGV after 2 s serving, not on a stop" in caplog.text and "--no-restart" in caplog.text
 
 

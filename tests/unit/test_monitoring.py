@@ -20,7 +20,8 @@ MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
 # Triton's own series the rules or the dashboard may read.
-TRITON_SERIES = {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_queue_duration_us"}
+TRITON_SERIES = {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_queue_duration_us",
+                 "nv_inference_request_summary_us", "nv_inference_queue_summary_us"}
 
 
 def _promtool(*args: str, cwd: Path = MONITORING) -> subprocess.CompletedProcess:
@@ -56,13 +57,11 @@ def test_the_rule_tests_catch_a_rule_that_does_not_fire(tmp_path):
 
 @needs_promtool
 def test_the_rule_tests_catch_cancellations_counted_as_refusals(tmp_path):
-    """Counted as refusals (what bls-serve's refusal counter did before), the impatient
-    clients' cancellations page for overload and low availability: their case fails."""
+    """Counted as refusals (Triton's CANCELED beside its REJECTED), the impatient clients'
+    cancellations page for overload and low availability: their case fails."""
     shutil.copy(MONITORING / "rules_test.yml", tmp_path)
     rules = (MONITORING / "rules.yml").read_text()
-    refused = "expr: sum by (model) (rate(bls_refused_requests_total[5m]))"
-    broken = rules.replace(refused, 'expr: sum by (model) (rate({__name__=~"bls_refused_requests_total|'
-                                    'bls_queue_cancelled_requests_total"}[5m]))')
+    broken = rules.replace('nv_inference_request_failure{reason="REJECTED"}', 'nv_inference_request_failure{reason=~"REJECTED|CANCELED"}')
     assert broken != rules
     (tmp_path / "rules.yml").write_text(broken)
     done = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
