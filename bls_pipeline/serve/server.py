@@ -445,9 +445,12 @@ class TritonServer:
         liveness = self.liveness
         silent = liveness.judge.describe(time.monotonic()) if liveness is not None else None
         condition = self.condition or (f"tritonserver is not answering: {silent}" if silent else None)
+        known = self._plan.load if self._plan is not None else self.loaded
+        configs = self.repository.configs if self.repository is not None else {}
+        capacity = {m: configs[m].dynamic_batching.default_queue_policy.max_queue_size for m in known if m in configs}
         return ServerState(condition=condition, restarts=dict(self.restart_causes),
                            load_failing=dict(self.log_watch.failing), load_failures=dict(self.log_watch.failures),
-                           known=self._plan.load if self._plan is not None else self.loaded, reloads=reloads)
+                           known=known, reloads=reloads, queue_capacity={m: n for m, n in capacity.items() if n > 0})
 
     def kill(self) -> None:
         """SIGKILL tritonserver with its whole group (its stubs): a server that hangs. stop() then

@@ -22,6 +22,10 @@ a tritonserver that hangs makes /ready say so, at once, instead of hanging it to
                     answering: killed with its group), start_failed (the restart before failed)
         bls_model_load_failures_total{model}   loads that failed, Triton's log says (a reload
                     that failed while the old copy serves included: its index shows none)
+        bls_queue_capacity{model}          (gauge) its config's max_queue_size, for a model whose queue is
+                    bounded: Triton refuses the request that would overflow it, and counts that
+                    refusal nowhere (only a trace shows it); nv_inference_pending_request_count
+                    over this is how full the queue stands
         bls_model_ready{model}, bls_model_load_failed{model}   (gauges) from the repository index,
                     and a failed load Triton's log named until the model loads again
         bls_watchdog_reloads_total{model}    models the watchdog reloaded after their stub died
@@ -87,6 +91,7 @@ class ServerState:
     load_failures: Mapping[str, int] = field(default_factory=dict)  # model -> failed loads so far
     known: Sequence[str] = ()  # the models planned to load: every per-model counter has them
     reloads: Mapping[str, int] = field(default_factory=dict)  # model -> the watchdog's reloads so far
+    queue_capacity: Mapping[str, int] = field(default_factory=dict)  # model -> its config's max_queue_size (bounded only)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,8 @@ _HELP = {
     "bls_tritonserver_restarts_total": ("counter", "Starts of tritonserver by bls-serve after the one before ended, by "
                                         "how it ended: crashed (a signal), exited (an exit code), hung (it stopped "
                                         "answering and was killed), start_failed (the restart before did not start)"),
+    "bls_queue_capacity": ("gauge", "The most requests the model's queue holds (its config's max_queue_size): one more is "
+                           "refused on arrival; beside Triton's nv_inference_pending_request_count, how full it is"),
     "bls_model_load_failures_total": ("counter", "Loads of the model that failed, as Triton's log says, a reload that "
                                       "failed while the old copy serves included"),
 }
@@ -346,6 +353,7 @@ class StatusServer:
                                                  for m in models])
         family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {server.reloads.get(m, 0)}'
                                               for m in models])
+        family("bls_queue_capacity", [f'bls_queue_capacity{{model="{m}"}} {n}' for m, n in sorted(server.queue_capacity.items())])
         return "\n".join(lines) + "\n"
 
     def requests(self, slowest_n: int | None = None, request_id: str | None = None, since_s: float | None = None,

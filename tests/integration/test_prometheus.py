@@ -111,9 +111,10 @@ def _alert_state(prometheus: str, name: str, model: str) -> str:
 @pytest.mark.timing
 def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_repo, tmp_path, repo_root, sample_images):
     """bls-serve as shipped (no tracing), a Prometheus with the shipped scrape interval (15 s)
-    and rules: two minutes of 48 closed-loop gRPC clients (classify_bls's queue full, the flow
-    shedding) fire BLSShedding before the two minutes are over, and it resolves within two
-    minutes of the overload's end, with two clients still sending."""
+    and rules: two minutes of 96 gRPC clients back to back, more than classify_bls's queue of 64
+    and its instances hold (the queue stands full, Triton refuses what overflows it), fire
+    BLSOverloaded before the two minutes are over, and it resolves within two minutes of the
+    overload's end, with two clients still sending."""
     from test_crash_recovery import SERVING, BlsServe
     from test_faults import Traffic
 
@@ -130,19 +131,19 @@ def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_rep
             with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=2) as steady:
                 eventually(lambda: _recorded(prometheus, 'sum(rate(bls_requests_total{model="classify_bls"}[1m])) > 0'),
                            "Prometheus recording classify_bls's requests", timeout_s=120.0, every_s=1.0)
-                assert _alert_state(prometheus, "BLSShedding", "classify_bls") == "inactive"
+                assert _alert_state(prometheus, "BLSOverloaded", "classify_bls") == "inactive"
                 began = time.monotonic()
                 fired = None
-                with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=48) as overload:
+                with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=96) as overload:
                     while time.monotonic() - began < 120.0:
-                        if fired is None and _alert_state(prometheus, "BLSShedding", "classify_bls") == "firing":
+                        if fired is None and _alert_state(prometheus, "BLSOverloaded", "classify_bls") == "firing":
                             fired = time.monotonic() - began
                         time.sleep(2.0)
                 ended = time.monotonic()
                 refused = sum(1 for r in overload.records if r.error and "UNAVAILABLE" in r.error)
                 resolved = None
                 while time.monotonic() - ended < 180.0:
-                    if _alert_state(prometheus, "BLSShedding", "classify_bls") == "inactive":
+                    if _alert_state(prometheus, "BLSOverloaded", "classify_bls") == "inactive":
                         resolved = time.monotonic() - ended
                         break
                     time.sleep(2.0)
@@ -153,8 +154,8 @@ def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_rep
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
-    print(f"\n2-minute overload ({len(overload.records)} requests, {refused} refused 503): BLSShedding firing "
+    print(f"\n2-minute overload ({len(overload.records)} requests, {refused} refused 503): BLSOverloaded firing "
           f"{fired if fired is None else round(fired)} s into it; resolved {resolved if resolved is None else round(resolved)} s "
           f"after it ended")
-    assert fired is not None and fired < 120.0, "BLSShedding did not fire while the overload lasted"
-    assert resolved is not None, "BLSShedding still firing 3 minutes after the overload ended"
+    assert fired is not None and fired < 120.0, "BLSOverloaded did not fire while the overload lasted"
+    assert resolved is not None, "BLSOverloaded still firing 3 minutes after the overload ended"
