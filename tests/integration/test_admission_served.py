@@ -1,5 +1,5 @@
 """Admission as users get it: classify_bls with its shipped settings (batches of 8, a queue of
-64, overload "degrade" with latency_target_ms 400; resnet50 served, so unsure images are
+32, overload "degrade" with latency_target_ms 400; resnet50 served, so unsure images are
 escalated), on a real server started by bls-serve's launcher (which hands the flows Triton's
 measured queue waits).
 

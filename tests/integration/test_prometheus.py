@@ -111,7 +111,7 @@ def _alert_state(prometheus: str, name: str, model: str) -> str:
 @pytest.mark.timing
 def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_repo, tmp_path, repo_root, sample_images):
     """bls-serve as shipped (no tracing), a Prometheus with the shipped scrape interval (15 s)
-    and rules: two minutes of 96 gRPC clients back to back, more than classify_bls's queue of 64
+    and rules: two minutes of 96 gRPC clients back to back, more than classify_bls's queue of 32
     and its instances hold (the queue stands full, Triton refuses what overflows it), fire
     BLSOverloaded before the two minutes are over, and it resolves within two minutes of the
     overload's end, with two clients still sending."""
