@@ -12,7 +12,12 @@ The environment is a tarball (links and modes survive S3; the backend extracts i
 venv-shaped folder: `pyvenv.cfg` naming the target's Python, `bin/python3` pointing at it,
 `lib/python3.X/site-packages` holding the packages, and `bin/activate`, which the backend
 sources before it starts the stub: the stub's embedded Python finds `python3` first on PATH
-in the environment and so takes its site-packages, with the target's standard library.
+in the environment and so takes its site-packages, with the standard library of the Python
+that `pyvenv.cfg` names. That Python must be the build whose libpython the stub runs: the
+target's for a stock Triton (NGC: /usr/bin/python3.12), this one for the tritonserver on this
+machine (`--this-python`). Another build of the same version may keep a module elsewhere
+(Debian's python3.11 builds `_struct` into its executable, a default source build such as
+pyenv's keeps it in lib-dynload), and the stub fails to import it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 from ..runtime.modelconfig import parse_config
 from ..serve.paths import checkout
 
-__all__ = ["EXECUTION_ENV_PARAMETER", "PACKAGES", "PackReport", "main", "pack"]
+__all__ = ["EXECUTION_ENV_PARAMETER", "PACKAGES", "PackReport", "main", "pack", "this_python"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,18 @@ class PackReport:
     needs_more: dict[str, str]  # model -> what it imports that the environment lacks
 
 
+def this_python() -> tuple[str, str]:
+    """(version, home) of this Python, the target of the tritonserver on this machine
+    (bls-tritonserver, bls-serve): its python stub runs this Python's libpython, so the
+    environment must name this build's executable, whose folder holds its standard library."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    home = Path(sys._base_executable).resolve().parent  # a venv's: the Python it was made from
+    if not (home / f"python{version}").exists():
+        raise PackError(f"this Python ({sys._base_executable}) has no python{version} beside it in {home}: "
+                        f"give --python-version {version} and --python-home with the folder that has it")
+    return version, str(home)
+
+
 def _python_models(repo: Path, only: tuple[str, ...] | None) -> list[str]:
     names = []
     for config_path in sorted(repo.glob("*/config.pbtxt")):
@@ -101,18 +118,24 @@ def _pip_install(site: Path, python_version: str, platform: str, packages: list[
                         f"{proc.stderr.strip()[-2000:]}")
 
 
-def _build_env(root: Path, python_version: str, python_home: str, platform: str, extra: list[str],
-               constraints: Path | None) -> None:
+def _venv_layout(root: Path, python_version: str, python_home: str) -> Path:
+    """Everything of the environment but its packages, in `root`; returns its site-packages."""
     site = root / "lib" / f"python{python_version}" / "site-packages"
     site.mkdir(parents=True)
-    _pip_install(site, python_version, platform, [*PACKAGES, *extra], constraints)
-    package = Path(__file__).resolve().parents[1]  # bls_pipeline, pure Python: copied as it is
-    shutil.copytree(package, site / "bls_pipeline", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "bin").mkdir()
     (root / "bin" / "activate").write_text(_ACTIVATE)
     for name in ("python3", f"python{python_version}"):
         (root / "bin" / name).symlink_to(f"{python_home.rstrip('/')}/python{python_version}")
     (root / "pyvenv.cfg").write_text(f"home = {python_home}\ninclude-system-site-packages = false\nversion = {python_version}\n")
+    return site
+
+
+def _build_env(root: Path, python_version: str, python_home: str, platform: str, extra: list[str],
+               constraints: Path | None) -> None:
+    site = _venv_layout(root, python_version, python_home)
+    _pip_install(site, python_version, platform, [*PACKAGES, *extra], constraints)
+    package = Path(__file__).resolve().parents[1]  # bls_pipeline, pure Python: copied as it is
+    shutil.copytree(package, site / "bls_pipeline", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def _tar(root: Path, target: Path, progress: bool) -> None:
@@ -179,9 +202,13 @@ def main(argv: list[str] | None = None) -> int:
                                             "(EXECUTION_ENV_PATH), for a stock Triton with no pip install.")
     p.add_argument("repository", type=Path, help="the model repository (e.g. models)")
     p.add_argument("output", type=Path, help="a new folder for the packed copy")
-    p.add_argument("--python-version", default=DEFAULT_PYTHON,
-                   help="the Python of the target's python backend stub (NGC 25.01 and later: 3.12; 24.xx: 3.10)")
-    p.add_argument("--python-home", default=DEFAULT_PYTHON_HOME, help="the folder of that Python's executable on the target")
+    p.add_argument("--python-version", help="the Python of the target's python backend stub (NGC 25.01 and later: 3.12; "
+                                            f"24.xx: 3.10) (default: {DEFAULT_PYTHON})")
+    p.add_argument("--python-home", help="the folder of that Python's executable on the target, the build the stub "
+                                         f"runs (default: {DEFAULT_PYTHON_HOME})")
+    p.add_argument("--this-python", action="store_true",
+                   help="for the tritonserver on this machine (bls-tritonserver, bls-serve), whose stub runs this "
+                        "Python: its version and home, instead of --python-version and --python-home")
     p.add_argument("--platform", default=DEFAULT_PLATFORM,
                    help="the target's wheel platforms, comma-separated (aarch64: manylinux_2_28_aarch64)")
     p.add_argument("--models", help="comma-separated python models to pack for (default: all)")
@@ -190,13 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        report = pack(args.repository, args.output, python_version=args.python_version, python_home=args.python_home,
+        if args.this_python and (args.python_version or args.python_home):
+            raise PackError("--this-python is this Python's version and home: give it or --python-version and "
+                            "--python-home, not both")
+        version, home = this_python() if args.this_python else (args.python_version or DEFAULT_PYTHON,
+                                                                 args.python_home or DEFAULT_PYTHON_HOME)
+        report = pack(args.repository, args.output, python_version=version, python_home=home,
                       platform=args.platform, models=tuple(args.models.split(",")) if args.models else None,
                       extra=tuple(args.extra), constraints=args.constraints)
     except PackError as exc:
         print(f"bls-pack-env: error: {exc}", file=sys.stderr)
         return 2
-    print(f"packed {report.tarball} ({report.bytes / 1e6:.0f} MB) into {report.output} for {', '.join(report.models)}")
+    print(f"packed {report.tarball} ({report.bytes / 1e6:.0f} MB) into {report.output} for {', '.join(report.models)}: "
+          f"Python {version} at {home}")
     for name, what in report.needs_more.items():
         print(f"  WARNING: {name} imports {what}: it will not load from this copy on a stock Triton")
     return 0

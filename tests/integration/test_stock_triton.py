@@ -21,11 +21,10 @@ import pytest
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.s3 import publish
 from bls_pipeline.serve.server import ServerOptions, TritonServer
-from bls_pipeline.tools.pack_env import EXECUTION_ENV_PARAMETER, pack
+from bls_pipeline.tools.pack_env import EXECUTION_ENV_PARAMETER, pack, this_python
 
 pytestmark = pytest.mark.integration
 
-VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # the embedded stub's (the launcher picks it)
 PACKED_MODELS = ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
 REGION = "us-east-1"
 
@@ -44,11 +43,10 @@ def bare_python(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def packed_repo(model_repo, tmp_path_factory) -> Path:
-    """bls-pack-env's copy of the test repository, for this Python (the target here)."""
-    home = Path(sys._base_executable).parent
-    assert (home / f"python{VERSION}").exists(), f"no python{VERSION} in {home}"
+    """bls-pack-env's copy of the test repository, for this Python (`--this-python`: the target here)."""
+    version, home = this_python()
     out = tmp_path_factory.mktemp("packed") / "models"
-    report = pack(model_repo, out, python_version=VERSION, python_home=str(home), models=PACKED_MODELS, progress=False)
+    report = pack(model_repo, out, python_version=version, python_home=home, models=PACKED_MODELS, progress=False)
     assert report.models == tuple(sorted(PACKED_MODELS))
     for model in PACKED_MODELS:
         config = (out / model / "config.pbtxt").read_text()
