@@ -23,7 +23,7 @@ import numpy as np
 
 from ..contract import STANDBY_ENV
 from ..runtime import hooks
-from ..runtime.answer import numpy_dtype
+from ..base.dtypes import numpy_dtype
 from ..runtime.artifact_io import Declared
 from ..runtime.children import exported_weights
 from ..runtime.onnx import open_engine

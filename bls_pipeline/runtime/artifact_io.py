@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from .children import TensorInfo
-from .modelconfig import ModelConfig, data_type
-from .settings import ConfigError
+from ..base.tensors import TensorInfo
+from ..base.modelconfig import ModelConfig, data_type
+from ..base.errors import ConfigError
 
 __all__ = ["Declared", "FileTensor", "onnx_tensors", "openvino_tensors"]
 

@@ -20,7 +20,8 @@ from typing import Mapping, Protocol, Sequence, Union
 import numpy as np
 
 from .answer import Answer
-from .children import ChildModel, TensorInfo
+from .children import ChildModel
+from ..base.tensors import TensorInfo
 from .device import Device
 from .errors import ChildCallError, FlowError, NoModelReady
 from .rows import Rows

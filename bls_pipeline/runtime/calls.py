@@ -23,8 +23,9 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 import numpy as np
 
 from .admission import Skipped
-from .answer import numpy_dtype, triton_dtype
-from .children import ChildModel, TensorInfo
+from ..base.dtypes import numpy_dtype, triton_dtype
+from .children import ChildModel
+from ..base.tensors import TensorInfo
 from .device import Device
 from .errors import ChildCallError, FlowError
 from .routing import Router

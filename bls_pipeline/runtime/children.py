@@ -44,23 +44,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, PAD_PLACES, RESIZE_MODES, PreprocessSpec
-from .modelconfig import data_type, parse_config, string_parameters
-from .settings import ConfigError, _as_float, _as_int
+from ..base.tensors import TensorInfo
+from ..base.modelconfig import data_type, parse_config, string_parameters
+from ..base.errors import ConfigError
+from .settings import _as_float, _as_int
 
-__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "TensorInfo", "child_folder", "child_model", "exported_weights",
+__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "child_folder", "child_model", "exported_weights",
            "load_child", "version_folders"]
 
 # In a flow model's folder: copies of the config and labels of the models it calls, for a
 # repository whose model folders Triton copies one by one (S3). bls-publish writes them.
 CHILDREN_DIR = "children"
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str  # Triton data type without TYPE_ ("FP32", "STRING", ...)
-    dims: tuple[int, ...]  # without the batch dimension
-    optional: bool = False
 
 
 BOX_FORMATS = ("xyxy", "xywh", "cxcywh")

@@ -29,18 +29,20 @@ from .admission import Admission, QueueReading, RequestClock
 from .answer import Answer
 from .batch import Batch
 from .calls import Send
-from .children import ChildModel, TensorInfo, child_folder, child_model, load_child, version_folders
+from .children import ChildModel, child_folder, child_model, load_child, version_folders
+from ..base.tensors import TensorInfo
 from .device import Device, device_for
 from .errors import ChildCallError, FlowError, NoModelReady
 from .execution import Execution
 from .loadcheck import check_flow
 from .loader import FlowDefinition, load_flow
-from .modelconfig import data_type, parse_config
+from ..base.modelconfig import data_type, parse_config
 from .parameters import ParameterError, Parameters
 from .predictions import check_filled, predictions
 from .results import BROKEN, UNAVAILABLE, ImageRequest, Prediction, RequestError, Timings
 from .routing import Router
-from .settings import ConfigError, RuntimeSettings, Settings, parse_settings
+from ..base.errors import ConfigError
+from .settings import RuntimeSettings, Settings, parse_settings
 
 __all__ = ["FlowRuntime"]
 

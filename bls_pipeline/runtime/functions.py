@@ -20,9 +20,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .answer import triton_dtype
-from .children import TensorInfo
-from .settings import ConfigError
+from ..base.dtypes import triton_dtype
+from ..base.tensors import TensorInfo
+from ..base.errors import ConfigError
 
 __all__ = ["FUNCTION_PARAMETER", "check_outputs", "load_function"]
 

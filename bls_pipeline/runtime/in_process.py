@@ -36,9 +36,9 @@ from .artifact_io import Declared
 from .calls import ChildRequest, Send
 from .children import version_folders
 from .errors import ChildCallError
-from .modelconfig import parse_config, string_parameters
+from ..base.modelconfig import parse_config, string_parameters
 from .onnx import ENGINE_SUFFIXES, open_engine
-from .settings import ConfigError
+from ..base.errors import ConfigError
 
 __all__ = ["InProcessChildren", "engine_file", "open_model_engine"]
 

@@ -15,10 +15,10 @@ import logging
 import numpy as np
 from PIL import Image
 
-from .answer import numpy_dtype
+from ..base.dtypes import numpy_dtype
 from .calls import ChildRequest
 from .results import ImageRequest, RequestError
-from .settings import ConfigError
+from ..base.errors import ConfigError
 
 __all__ = ["check_flow"]
 

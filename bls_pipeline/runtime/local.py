@@ -28,7 +28,7 @@ from .errors import ChildCallError
 from .engine import FlowRuntime
 from .results import ImageRequest, Prediction, RequestError, Timings
 from .functions import FUNCTION_PARAMETER, load_function
-from .modelconfig import parse_config, string_parameters
+from ..base.modelconfig import parse_config, string_parameters
 from .onnx import ENGINE_SUFFIXES
 
 __all__ = ["LocalFlow", "RequestFailed"]

@@ -12,7 +12,7 @@ import numpy as np
 from ..contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
 from .answer import Answer
 from .answer_json import add_documents
-from .children import TensorInfo
+from ..base.tensors import TensorInfo
 from .device import Device
 from .errors import FlowError
 from .results import BROKEN, ImageRequest, Prediction, RequestError, Timings

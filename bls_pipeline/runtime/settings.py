@@ -21,14 +21,12 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.errors import ConfigError
+from ..base.modelconfig import BACKEND_KEYS, RELOAD_KEY
 from ..stages.decode import DEFAULT_FORMATS, DecodePolicy
 from .trials import Trial
 
-__all__ = ["Candidates", "ConfigError", "Probability", "RELOAD_KEY", "RuntimeSettings", "Settings", "parse_settings"]
-
-
-class ConfigError(ValueError):
-    """A config.pbtxt setting is missing or wrong; the message says what to write instead."""
+__all__ = ["Candidates", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
 
 
 # ---- the runtime's own keys ----------------------------------------------------------------
@@ -70,10 +68,6 @@ class RuntimeSettings:
     decode: DecodePolicy = DecodePolicy()
 
 
-# Set by the launcher's reload, never read: a load whose config differs from the one served
-# is what makes Triton load a fresh copy beside the serving one (serve/server.py).
-RELOAD_KEY = "reload_generation"
-
 _DECODE_KEYS = ("max_pixels", "max_image_bytes", "allowed_formats", "draft_min_side")
 _SHARE_KEYS = ("shadow_share", "canary_share")
 RUNTIME_KEYS = tuple(sorted([f.name for f in dataclasses.fields(RuntimeSettings) if f.name != "decode"]
@@ -84,9 +78,6 @@ REMOVED_KEYS = {
                              "the queue); for a latency aim that degrades optional stages instead, write "
                              "latency_target_ms (docs/reliability.md, \"Overload and deadlines\")",
 }
-# Parameters Triton's python backend reads itself (the model's execution environment:
-# bls-pack-env writes it): neither the runtime's nor a flow's, so no setting of theirs.
-BACKEND_KEYS = ("EXECUTION_ENV_PATH",)
 
 
 def _as_int(key: str, raw: str, minimum: int | None = None) -> int:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .children import exported_weights
-from .settings import BACKEND_KEYS, RELOAD_KEY, ConfigError
+from ..base.modelconfig import BACKEND_KEYS, RELOAD_KEY
+from ..base.errors import ConfigError
 
 __all__ = ["TorchClassifier", "TorchSettings"]
 

@@ -25,7 +25,7 @@ from ..stages.batching import DecodedBatch, decode_to_batch
 from ..stages.decode import ImageError
 from ..stages.jpeg_header import JpegHeader, gpu_jpeg
 from ..stages.postprocess import TopK, format_label
-from .settings import ConfigError
+from ..base.errors import ConfigError
 
 __all__ = ["TorchDevice"]
 

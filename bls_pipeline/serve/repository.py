@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.loader import declared_calls, declared_models, is_flow_model
-from ..runtime.modelconfig import ConfigFileError, ModelConfig, parse_config, string_parameters
+from ..base.modelconfig import ConfigFileError, ModelConfig, parse_config, string_parameters
 
 __all__ = ["LoadPlan", "Repository", "artifact_problem", "config_problems", "drain_stages", "export_hint", "plan_loading",
            "standby_models"]

@@ -181,7 +181,7 @@ def _children_copies(repo: Path, models: tuple[str, ...] | None) -> dict[str, Pa
     the flow finds no sibling there: runtime.children.load_child reads these instead)."""
     from ..runtime.children import CHILDREN_DIR
     from ..runtime.loader import is_flow_model
-    from ..runtime.modelconfig import string_parameters
+    from ..base.modelconfig import string_parameters
     from .repository import Repository
 
     whole = Repository.read(repo)

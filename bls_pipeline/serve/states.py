@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 from google.protobuf import json_format
 
 from ..runtime.model_states import load_failure
-from ..runtime.modelconfig import ModelConfig
+from ..base.modelconfig import ModelConfig
 from .admin import AdminError, RepositoryAdmin
 
 __all__ = ["ModelStates"]

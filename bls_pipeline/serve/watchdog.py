@@ -60,7 +60,7 @@ import numpy as np
 from PIL import Image
 
 from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
-from ..runtime.answer import numpy_dtype
+from ..base.dtypes import numpy_dtype
 from .processes import stubs
 from .workarounds import DEAD_STUB, PROBE_BUSY
 

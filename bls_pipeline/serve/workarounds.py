@@ -137,9 +137,9 @@ WORKAROUNDS = (
         "the reload key",
         "A load of a loaded model with its config as served is a no-op, so a model cannot be loaded afresh beside "
         "its serving copy.",
-        "reload_model loads the config as served with RELOAD_KEY (runtime/settings.py) counted up: a config that "
+        "reload_model loads the config as served with RELOAD_KEY (base/modelconfig.py) counted up: a config that "
         "differs, so Triton loads a fresh copy and swaps it in once READY.",
-        "serve/server.py (reload_model), runtime/settings.py (RELOAD_KEY)",
+        "serve/server.py (reload_model), base/modelconfig.py (RELOAD_KEY)",
         "tests/integration/test_faults.py::test_killed_stub_is_detected_and_reloaded",
         "Not verified fixed in a later release: run its test on the new Triton before dropping it."),
     Workaround(

@@ -45,7 +45,7 @@ from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
 from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, model_statistics, outcome_of_exception
 from ..runtime.loader import is_flow_model
-from ..runtime.modelconfig import config_variant, parse_config
+from ..base.modelconfig import config_variant, parse_config
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
 from ..serve.server import ServerOptions, TritonServer, free_port

@@ -107,7 +107,7 @@ def ensure_engines(repo: Path, excluded: dict[str, str], say=print) -> dict[str,
 def serving(repo: Path, loaded: list[str], flow: str = "classify_bls") -> dict[str, str]:
     """{setting: the model it will call}: the first loaded model of each candidate list of the
     flow's config.pbtxt (the runtime calls the first READY one)."""
-    from ..runtime.modelconfig import parse_config, string_parameters
+    from ..base.modelconfig import parse_config, string_parameters
 
     params = string_parameters(parse_config(repo / flow))
     picked = {}

@@ -42,7 +42,7 @@ import numpy as np
 from google.protobuf import text_format
 from tqdm import tqdm
 
-from ..runtime.modelconfig import parse_config
+from ..base.modelconfig import parse_config
 from ..stages.decode import DecodePolicy
 from ..stages.jpeg_header import gpu_jpeg
 from ..stages.preprocess import PreprocessSpec

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ..serve.client import tritonclient_module
 from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE
-from ..runtime.modelconfig import config_variant, parse_config
+from ..base.modelconfig import config_variant, parse_config
 
 __all__ = ["PATHS", "main", "measure", "probe_repository"]
 

@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.modelconfig import parse_config
+from ..base.modelconfig import parse_config
 from ..serve.paths import checkout
 
 __all__ = ["EXECUTION_ENV_PARAMETER", "PACKAGES", "PackReport", "main", "pack", "this_python"]

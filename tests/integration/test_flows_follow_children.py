@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 
 from google.protobuf import text_format
 
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant, parse_config
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant, parse_config
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
 from polling import eventually

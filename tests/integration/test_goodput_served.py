@@ -26,7 +26,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.contract import IMAGE, LABELS, ROUTE
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import tritonclient_module
 
 from polling import eventually

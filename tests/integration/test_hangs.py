@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from bls_pipeline.runtime.settings import RELOAD_KEY
+from bls_pipeline.base.modelconfig import RELOAD_KEY
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port

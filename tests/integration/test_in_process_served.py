@@ -15,7 +15,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.runtime.local import LocalFlow
-from bls_pipeline.runtime.modelconfig import config_variant
+from bls_pipeline.base.modelconfig import config_variant
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.tools.footprint import measure
 

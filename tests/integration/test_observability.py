@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from google.protobuf import text_format
 
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient, tritonclient_module
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 

@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.contract import IMAGE
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import tritonclient_module
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 

@@ -12,7 +12,7 @@ import pytest
 
 from google.protobuf import text_format
 
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
 
 from polling import eventually, get

@@ -29,7 +29,7 @@ from google.protobuf import text_format
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from bls_pipeline.runtime.modelconfig import ModelConfig, config_variant
+from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.rollout import main as rollout_main
 from bls_pipeline.serve.rollout import roll

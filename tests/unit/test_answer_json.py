@@ -15,7 +15,7 @@ from PIL import Image
 from bls_pipeline.flow import LocalFlow
 from bls_pipeline.runtime.answer_json import documents, encode
 from bls_pipeline.runtime.results import ImageRequest
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 
 
 def _no_nan(text: str):

@@ -12,9 +12,9 @@ import pytest
 
 from bls_pipeline.flow import LocalFlow
 from bls_pipeline.runtime.artifact_io import Declared, FileTensor
-from bls_pipeline.runtime.children import TensorInfo
+from bls_pipeline.base.tensors import TensorInfo
 from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 CLASSIFIER = Declared("clf", 8, (TensorInfo("input", "FP32", (3, 224, 224)),), (TensorInfo("output", "FP32", (1000,)),))

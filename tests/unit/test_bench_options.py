@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.tools.bench import (DEFAULT_TARGET, HEAVY_SIZE, IMAGE_SIZE, PEER, Endpoints, Point, _model, announce,
                                       bench_repository, image_set, markdown, parse_args, queue_bound, serve_with,
                                       served_description)

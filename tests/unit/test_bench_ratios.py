@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
 from bls_pipeline.tools.bench import (CASCADES, HANDWRITTEN, HANDWRITTEN_CALLS, SHADOW_TARGET, SHADOW_TWIN, TARGETS, TEXT_LINES, Point,
                                     _model, bench_repository, children_per_image, ratios, region_pages, text_image_set)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.runtime.modelconfig import ConfigFileError, parse_config
+from bls_pipeline.base.modelconfig import ConfigFileError, parse_config
 from bls_pipeline.serve import server
 from bls_pipeline.serve.repository import Repository, config_problems, plan_loading
 from bls_pipeline.serve.states import ModelStates

@@ -15,7 +15,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline.runtime.children import child_model, load_child
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import artifact_problem, plan_loading
 from engine_build.build_cpu import CalibrationError, calibration_images, calibration_tensors
 

@@ -43,7 +43,7 @@ def test_export_rejects_unknown_weights():
 
 
 def test_export_table_knows_both_models_and_their_paths(repo_root):
-    from bls_pipeline.runtime.modelconfig import parse_config
+    from bls_pipeline.base.modelconfig import parse_config
     from engine_build.export_onnx import EXPORTS
 
     assert set(EXPORTS) == {"resnet50", "efficientnet_lite0"}

@@ -19,7 +19,7 @@ from bls_pipeline.runtime.batch import ChildCallError
 from bls_pipeline.runtime.children import load_child
 from bls_pipeline.runtime.engine import FlowRuntime
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 LABELS = (MODELS / "resnet50_onnx" / "labels.txt").read_text().splitlines()

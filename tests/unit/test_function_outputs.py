@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bls_pipeline.runtime.children import TensorInfo
+from bls_pipeline.base.tensors import TensorInfo
 from bls_pipeline.runtime.functions import check_outputs
 
 DECLARED = [TensorInfo("BRIGHTNESS", "FP32", (1,)), TensorInfo("NAMES", "STRING", (-1,))]

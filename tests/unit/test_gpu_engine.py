@@ -17,7 +17,7 @@ from bls_pipeline.flow import LocalFlow  # noqa: E402
 from bls_pipeline.runtime.scores import Scores  # noqa: E402
 from bls_pipeline.runtime.device import HostDevice  # noqa: E402
 from bls_pipeline.runtime.engine import FlowRuntime  # noqa: E402
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters  # noqa: E402
+from bls_pipeline.base.modelconfig import parse_config, string_parameters  # noqa: E402
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError  # noqa: E402
 from bls_pipeline.runtime.torch_device import TorchDevice  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_the_cpu_path_never_imports_torch():
 import sys
 import bls_pipeline.adapter, bls_pipeline.flow
 from bls_pipeline.runtime.engine import FlowRuntime
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.runtime.results import ImageRequest
 import numpy as np
 models = {str(MODELS)!r}

@@ -15,8 +15,9 @@ from tritonclient.grpc import model_config_pb2
 from bls_pipeline import contract
 from bls_pipeline.runtime.children import load_child
 from bls_pipeline.runtime.loader import load_flow
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.settings import RELOAD_KEY, ConfigError
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import RELOAD_KEY
+from bls_pipeline.base.errors import ConfigError
 from bls_pipeline.runtime.torch_classifier import TorchSettings
 from bls_pipeline.serve.repository import plan_loading
 

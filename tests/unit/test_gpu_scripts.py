@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.tools import gpubench
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from bls_pipeline.runtime.engine import FlowRuntime
 from bls_pipeline.runtime.errors import ChildCallError
 from bls_pipeline.runtime.in_process import InProcessChildren
 from bls_pipeline.runtime.local import LocalFlow
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 from bls_pipeline.runtime.results import ImageRequest
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.runtime.modelconfig import config_variant
+from bls_pipeline.base.modelconfig import config_variant
 from bls_pipeline.serve.repository import export_hint, plan_loading, standby_models
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -14,7 +14,7 @@ from bls_pipeline import contract
 from bls_pipeline.stages.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
 from bls_pipeline.runtime.children import load_child
 from bls_pipeline.runtime.loader import load_flow
-from bls_pipeline.runtime.modelconfig import config_variant, parse_config, string_parameters
+from bls_pipeline.base.modelconfig import config_variant, parse_config, string_parameters
 from bls_pipeline.runtime.settings import parse_settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from bls_pipeline.runtime.functions import load_function
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.runtime.onnx import OnnxModel
 from engine_build import ocr
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from bls_pipeline.runtime.settings import ConfigError, parse_settings
+from bls_pipeline.base.errors import ConfigError
+from bls_pipeline.runtime.settings import parse_settings
 from bls_pipeline.tools.pack_env import PackError, _point_config_at, _venv_layout, main, pack, this_python
 
 

@@ -20,7 +20,7 @@ from bls_pipeline.stages.preprocess import preprocess_into
 from bls_pipeline.runtime.batch import ChildCallError
 from bls_pipeline.runtime.children import child_model
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
-from bls_pipeline.runtime.modelconfig import ModelConfig
+from bls_pipeline.base.modelconfig import ModelConfig
 from bls_pipeline.runtime.settings import RuntimeSettings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

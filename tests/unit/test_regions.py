@@ -19,7 +19,7 @@ from PIL import Image
 
 from bls_pipeline.flow import FlowError, LocalFlow, RequestFailed
 from bls_pipeline.runtime.results import ImageRequest, RequestError
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 
 COLOURS = {"red": (255, 0, 0), "green": (0, 160, 0), "blue": (0, 0, 255)}
 
@@ -413,7 +413,8 @@ def test_regions_without_regions_in_the_flow_api_are_a_flow_error(repo):
 ])
 def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
     from bls_pipeline.runtime.boxes import found_boxes
-    from bls_pipeline.runtime.children import ChildModel, Detector, TensorInfo
+    from bls_pipeline.runtime.children import ChildModel, Detector
+    from bls_pipeline.base.tensors import TensorInfo
     from bls_pipeline.stages.preprocess import PreprocessSpec
 
     spec = PreprocessSpec(mode="keep_aspect", crop=64, pad=pad)
@@ -432,7 +433,8 @@ def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
 @pytest.mark.parametrize("count", [np.zeros((2, 2), np.int32), np.zeros(0, np.int32)])
 def test_a_count_output_of_the_wrong_shape_fails_naming_the_detector(count):
     from bls_pipeline.runtime.boxes import found_boxes
-    from bls_pipeline.runtime.children import ChildModel, Detector, TensorInfo
+    from bls_pipeline.runtime.children import ChildModel, Detector
+    from bls_pipeline.base.tensors import TensorInfo
     from bls_pipeline.runtime.errors import ChildCallError
     from bls_pipeline.stages.preprocess import PreprocessSpec
 

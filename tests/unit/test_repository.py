@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.serve.repository import Repository, drain_stages, export_hint, plan_loading
-from bls_pipeline.runtime.modelconfig import config_variant, parse_config, string_parameters
+from bls_pipeline.base.modelconfig import config_variant, parse_config, string_parameters
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

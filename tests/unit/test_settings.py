@@ -13,8 +13,9 @@ import pytest
 from bls_pipeline.stages.decode import DEFAULT_FORMATS, DecodePolicy
 from bls_pipeline.stages.preprocess import PreprocessSpec
 from bls_pipeline.runtime.children import Detector, child_model, load_child
-from bls_pipeline.runtime.settings import (RELOAD_KEY, Candidates, ConfigError, Probability, RuntimeSettings, Settings,
-                                           parse_settings)
+from bls_pipeline.base.modelconfig import RELOAD_KEY
+from bls_pipeline.runtime.settings import Candidates, Probability, RuntimeSettings, Settings, parse_settings
+from bls_pipeline.base.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -186,7 +187,7 @@ def test_a_setting_needs_a_supported_type_and_a_default():
 # ---- a child model's config: input, preprocessing, labels ---------------------------------
 def _config(body: str):
     from google.protobuf import text_format
-    from bls_pipeline.runtime.modelconfig import ModelConfig
+    from bls_pipeline.base.modelconfig import ModelConfig
 
     return text_format.Parse(textwrap.dedent(body), ModelConfig())
 

@@ -12,9 +12,9 @@ from PIL import Image
 
 from bls_pipeline.flow import LocalFlow
 from bls_pipeline.runtime.engine import FlowRuntime
-from bls_pipeline.runtime.modelconfig import parse_config, string_parameters
+from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.runtime.results import ImageRequest, RequestError
-from bls_pipeline.runtime.settings import ConfigError
+from bls_pipeline.base.errors import ConfigError
 from bls_pipeline.runtime.trials import SCORE_DIFF_BOUNDS, Shadow, Trial, compare
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as tc
 
-from bls_pipeline.runtime.modelconfig import parse_config
+from bls_pipeline.base.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
 from bls_pipeline.serve.processes import Stubs, model_of, stub_instances, stubs
 from bls_pipeline.serve.watchdog import ProbeBackoff, Watchdog, _probe_inputs, dead_stub_model, instance_names

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-__all__ = ["ConfigFileError", "ModelConfig", "config_variant", "data_type", "parse_config", "served_config", "string_parameters"]
+__all__ = ["BACKEND_KEYS", "ConfigFileError", "ModelConfig", "RELOAD_KEY", "config_variant", "data_type", "parse_config", "served_config", "string_parameters"]
 
 
 class ConfigFileError(ValueError):
@@ -41,6 +41,13 @@ def _model_config_pb2():
 
 model_config_pb2 = _model_config_pb2()
 ModelConfig = model_config_pb2.ModelConfig
+
+# Set by the launcher's reload, never read: a load whose config differs from the one served
+# is what makes Triton load a fresh copy beside the serving one (serve/server.py).
+RELOAD_KEY = "reload_generation"
+# Parameters Triton's python backend reads itself (the model's execution environment:
+# bls-pack-env writes it): neither the runtime's nor a model's own, so no setting of theirs.
+BACKEND_KEYS = ("EXECUTION_ENV_PATH",)
 
 
 def parse_config(model_dir: Path) -> ModelConfig:
