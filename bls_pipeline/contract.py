@@ -67,7 +67,7 @@ PROBE_PARAMETER = "bls_probe"
 RESTARTS_ENV = "BLS_SERVER_RESTARTS"
 # Set by bls-serve likewise: the models on standby, comma-separated. A flow calls each of them
 # only when a candidate before it in a list is gone, so its engine (an *_onnx, *_int8 or
-# *_openvino model) is held only while calls come (runtime/standby.py).
+# *_openvino model) is held only while calls come (engines/standby.py).
 STANDBY_ENV = "BLS_STANDBY_MODELS"
 # The request id the watchdog's probes carry, so that what reads Triton's traces (bls-serve's
 # latency histograms) leaves them out as the flows leave them out of their metrics.

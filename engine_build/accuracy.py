@@ -169,7 +169,7 @@ def exact_runner(path: Path) -> Callable[[np.ndarray], np.ndarray]:
 def served_runner(repo: Path, served: str, path: Path) -> Callable[[np.ndarray], np.ndarray]:
     """`run(batch) -> logits` for `path`, with the settings the served model `served` gives
     it (its config.pbtxt's parameters, read as its adapter reads them)."""
-    from bls_pipeline.runtime.onnx import open_engine
+    from bls_pipeline.engines.onnx import open_engine
 
     params = string_parameters(parse_config(Path(repo) / served))
     model = open_engine(path, [CLASSIFIER_INPUT.name], [CLASSIFIER_OUTPUT.name], params)

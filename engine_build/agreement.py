@@ -72,7 +72,7 @@ def agreement(reference, candidate, tensors: np.ndarray, batch: int = 8) -> Agre
 
 def runner(path: Path):
     """`run(batch) -> logits` for an ONNX file (onnxruntime) or an IR (OpenVINO), as served."""
-    from bls_pipeline.runtime.onnx import open_engine
+    from bls_pipeline.engines.onnx import open_engine
 
     model = open_engine(path, [CLASSIFIER_INPUT.name], [CLASSIFIER_OUTPUT.name], {})  # default settings
     return lambda x: model.run({CLASSIFIER_INPUT.name: x})[CLASSIFIER_OUTPUT.name]

@@ -167,7 +167,7 @@ def _stamp(onnx_path: Path) -> Path:
 def exported_weights(onnx_path: Path) -> str | None:
     """The weights an exported ONNX carries ('imagenet', 'pretrained', 'random', a path):
     None when there is no ONNX, 'unknown' when it was not written by export_onnx."""
-    from bls_pipeline.runtime.children import exported_weights as read
+    from bls_pipeline.engines.artifact_io import exported_weights as read
 
     return read(onnx_path)
 

@@ -3,7 +3,7 @@
 The weights are the ONNX export's (`--weights` means the same for both commands), so
 resnet50_torch answers as resnet50_onnx does, within FP16 rounding on the GPU. The file is
 written atomically with a stamp of its weights beside it (model.pt.json, as the ONNX has),
-after it was loaded back the way the server loads it (runtime/torch_classifier.py, FP32 on
+after it was loaded back the way the server loads it (engines/torch_classifier.py, FP32 on
 the CPU) and compared with the model it came from, and with the exported ONNX when that
 carries the same weights.
 """
@@ -34,7 +34,7 @@ class TorchExport(dict):
 def export_state_dict(model, output: Path, weights: str, architecture: str, onnx_path: Path | None = None,
                       check_batch: int = 2) -> TorchExport:
     torch, _ = _require_torch()
-    from bls_pipeline.runtime.torch_classifier import TorchClassifier, TorchSettings
+    from bls_pipeline.engines.torch_classifier import TorchClassifier, TorchSettings
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
     from bls_pipeline.adapter import function_model
     TritonPythonModel = function_model(pb_utils)
 
-The function is the `function` parameter's (runtime/functions.py). Every request of one
+The function is the `function` parameter's (engines/functions.py). Every request of one
 execute() goes to it as one batch per input; its outputs are split back per request. Outputs
 that break the config's contract (a missing one, a wrong shape or data type) fail every
 request of the execute() as INTERNAL, naming the function and what it returned: whoever
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.functions import FUNCTION_PARAMETER, check_outputs, load_function
+from ..engines.functions import FUNCTION_PARAMETER, check_outputs, load_function
 from .glue import bridge_logging, declared_outputs, freeze_startup_objects, model_parameters, tensor_to_numpy
 
 __all__ = ["function_model"]

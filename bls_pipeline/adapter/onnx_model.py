@@ -8,7 +8,7 @@ The ONNX file is the `artifact` parameter's, in the version folder; its inputs a
 (names, data types, dims) are checked against the model's own config.pbtxt at load.
 
 A model bls-serve names on standby (STANDBY_ENV: a fallback that a flow calls only when a
-candidate before it is gone) holds its engine only while calls come (runtime/standby.py).
+candidate before it is gone) holds its engine only while calls come (engines/standby.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import numpy as np
 from ..contract import STANDBY_ENV
 from ..runtime import hooks
 from ..base.dtypes import numpy_dtype
-from ..runtime.artifact_io import Declared
-from ..runtime.children import exported_weights
-from ..runtime.onnx import open_engine
-from ..runtime.standby import StandbyEngine
+from ..engines.artifact_io import Declared
+from ..engines.artifact_io import exported_weights
+from ..engines.onnx import open_engine
+from ..engines.standby import StandbyEngine
 from .glue import bridge_logging, freeze_startup_objects, is_probe, model_parameters, tensor_from_numpy, tensor_to_numpy
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def onnx_model(pb_utils: Any) -> type:
 
 
 def batch_model(pb_utils: Any, stage: str) -> type:
-    """A Triton model that runs its artifact's engine (runtime.onnx.open_engine: onnxruntime
+    """A Triton model that runs its artifact's engine (engines.onnx.open_engine: onnxruntime
     here, OpenVINO in openvino_model) once per execute() batch, timed as `stage`. The engine
     compares its file with the config at load: a difference fails the load, naming the
     tensor and both sides."""

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def torch_model(pb_utils: Any) -> type:
     class TritonPythonModel:
         def initialize(self, args):
-            from ..runtime.torch_classifier import TorchClassifier, TorchSettings
+            from ..engines.torch_classifier import TorchClassifier, TorchSettings
 
             bridge_logging(pb_utils)
             config = json.loads(args["model_config"])

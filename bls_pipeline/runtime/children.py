@@ -39,7 +39,6 @@ flow or from ImageNet:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +46,10 @@ from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, P
 from ..base.tensors import TensorInfo
 from ..base.modelconfig import data_type, parse_config, string_parameters
 from ..base.errors import ConfigError
+from ..engines.artifact_io import exported_weights
 from .settings import _as_float, _as_int
 
-__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "child_folder", "child_model", "exported_weights",
+__all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "child_folder", "child_model",
            "load_child", "version_folders"]
 
 # In a flow model's folder: copies of the config and labels of the models it calls, for a
@@ -226,20 +226,6 @@ def _child_model(name: str, config, model_dir: Path | None) -> ChildModel:
         raise ConfigError(f"model {name} has a label_filename and {len(outputs)} outputs; a classifier has one output, its scores")
     return ChildModel(name, config.max_batch_size, image, outputs, preprocess, labels, scores, inputs,
                       _detector(name, outputs, params), _weights_warning(name, model_dir, params))
-
-
-def exported_weights(path: Path) -> str | None:
-    """The weights an engine file written by engine_build carries ('imagenet', 'pretrained',
-    'random', a .pth path), from its stamp beside it (FILE.json); 'unknown' without a stamp,
-    None without the file."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    stamp = path.with_name(path.name + ".json")
-    try:
-        return str(json.loads(stamp.read_text())["weights"]) if stamp.exists() else "unknown"
-    except (ValueError, KeyError, TypeError):
-        return "unknown"
 
 
 def _weights_warning(name: str, model_dir: Path | None, params: dict[str, str]) -> str | None:

@@ -3,7 +3,7 @@
 A flow lists them in its `run_in_process` parameter (child model names, comma-separated):
 CPU engine models (their `artifact` an ONNX file or an OpenVINO IR, as models/*_onnx,
 *_int8, *_openvino; a model of another kind fails the load). Each flow instance opens the
-engine itself, set up by the child's own config.pbtxt (runtime.onnx.open_engine, as the
+engine itself, set up by the child's own config.pbtxt (engines.onnx.open_engine, as the
 child's adapter opens it), and a call to it runs here instead of going through
 pb_utils.InferenceRequest: no request to Triton, no stub-to-stub hop, no copy of the inputs
 into shared memory. A listed model the flow does not call, or whose folder is not beside
@@ -32,12 +32,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import hooks
-from .artifact_io import Declared
+from ..engines.artifact_io import Declared
 from .calls import ChildRequest, Send
 from .children import version_folders
 from .errors import ChildCallError
 from ..base.modelconfig import parse_config, string_parameters
-from .onnx import ENGINE_SUFFIXES, open_engine
+from ..engines.onnx import ENGINE_SUFFIXES, open_engine
 from ..base.errors import ConfigError
 
 __all__ = ["InProcessChildren", "engine_file", "open_model_engine"]

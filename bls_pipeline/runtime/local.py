@@ -27,9 +27,9 @@ from .calls import ChildRequest
 from .errors import ChildCallError
 from .engine import FlowRuntime
 from .results import ImageRequest, Prediction, RequestError, Timings
-from .functions import FUNCTION_PARAMETER, load_function
+from ..engines.functions import FUNCTION_PARAMETER, load_function
 from ..base.modelconfig import parse_config, string_parameters
-from .onnx import ENGINE_SUFFIXES
+from ..engines.onnx import ENGINE_SUFFIXES
 
 __all__ = ["LocalFlow", "RequestFailed"]
 
@@ -152,8 +152,8 @@ class LocalFlow:
                 fn = load_function(self._repo / model / "1", what)
                 self._sessions[model] = lambda inputs, outputs: {k: v for k, v in fn(inputs).items() if k in outputs}
             else:
-                from .artifact_io import Declared
-                from .onnx import OnnxModel, OpenVinoModel
+                from ..engines.artifact_io import Declared
+                from ..engines.onnx import OnnxModel, OpenVinoModel
 
                 declared = Declared.from_config(model, config)  # a file unlike its config fails here, as in Triton
                 engine = OnnxModel if kind == "onnx" else OpenVinoModel

@@ -416,7 +416,7 @@ def cmd_classifier(args) -> int:
     bucket) against CUDA graphs, images/s; what decides the model's cuda_graphs default."""
     import torch
 
-    from ..runtime.torch_classifier import TorchClassifier, TorchSettings
+    from ..engines.torch_classifier import TorchClassifier, TorchSettings
 
     weights = args.model_repository / CEILING / "1" / "model.pt"
     device = "cuda:0" if args.device == "cuda" else "cpu"

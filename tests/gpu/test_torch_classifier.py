@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bls_pipeline.runtime.torch_classifier import TorchClassifier, TorchSettings
+from bls_pipeline.engines.torch_classifier import TorchClassifier, TorchSettings
 
 pytestmark = pytest.mark.gpu
 REQUIRES = ("cuda",)

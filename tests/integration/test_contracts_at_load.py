@@ -1,6 +1,6 @@
 """A child whose engine file differs from its config.pbtxt fails its load in the real server,
 naming the model, the tensor and both sides, instead of loading and failing every request
-that reaches it (runtime/artifact_io.py; adapter/onnx_model.py)."""
+that reaches it (engines/artifact_io.py; adapter/onnx_model.py)."""
 
 from __future__ import annotations
 

@@ -289,7 +289,7 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
 # ---- killed stubs --------------------------------------------------------------------------------
 
 def _standby_openings(server) -> int:
-    """How often the standby fallback opened its engine (runtime/standby.py logs each)."""
+    """How often the standby fallback opened its engine (engines/standby.py logs each)."""
     return Path(server.options.log_file).read_text(errors="replace").count(f"{BACKUP} takes calls: its engine opened")
 
 

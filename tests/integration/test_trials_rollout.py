@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.runtime.onnx import OnnxModel
+from bls_pipeline.engines.onnx import OnnxModel
 from bls_pipeline.runtime.results import ImageRequest
 from bls_pipeline.serve.rollout import RolloutError, main as rollout_main, report, trial
 from test_reliability import FLOW, MAIN, RECHECK_S, Load, flow_on_main_alone  # Load sends to FLOW

@@ -1,4 +1,4 @@
-"""An engine file against its config.pbtxt, at load (runtime/artifact_io.py): the pure
+"""An engine file against its config.pbtxt, at load (engines/artifact_io.py): the pure
 comparison, real ONNX and OpenVINO files made here, and LocalFlow failing to start on a
 child whose file differs, naming the model, the tensor and both sides."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.runtime.artifact_io import Declared, FileTensor
+from bls_pipeline.engines.artifact_io import Declared, FileTensor
 from bls_pipeline.base.tensors import TensorInfo
-from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+from bls_pipeline.engines.onnx import OnnxModel, OpenVinoModel
 from bls_pipeline.base.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

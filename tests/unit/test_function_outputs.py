@@ -1,4 +1,4 @@
-"""A function child's outputs against its config (runtime/functions.py `check_outputs`): what
+"""A function child's outputs against its config (engines/functions.py `check_outputs`): what
 the function model refuses as broken before any caller sees it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bls_pipeline.base.tensors import TensorInfo
-from bls_pipeline.runtime.functions import check_outputs
+from bls_pipeline.engines.functions import check_outputs
 
 DECLARED = [TensorInfo("BRIGHTNESS", "FP32", (1,)), TensorInfo("NAMES", "STRING", (-1,))]
 

@@ -18,7 +18,7 @@ from bls_pipeline.runtime.loader import load_flow
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.base.modelconfig import RELOAD_KEY
 from bls_pipeline.base.errors import ConfigError
-from bls_pipeline.runtime.torch_classifier import TorchSettings
+from bls_pipeline.engines.torch_classifier import TorchSettings
 from bls_pipeline.serve.repository import plan_loading
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -103,7 +103,7 @@ def test_the_torch_command_needs_weights_for_resnet50(capsys):
 def test_the_classifier_runs_the_exported_weights_on_the_cpu(exported, caplog):
     torch = pytest.importorskip("torch")
     from engine_build.export_onnx import build_torch_model
-    from bls_pipeline.runtime.torch_classifier import TorchClassifier
+    from bls_pipeline.engines.torch_classifier import TorchClassifier
 
     model = TorchClassifier(exported, TorchSettings(), "cpu", max_batch_size=2)
     assert "fp16 needs CUDA: running resnet50 in fp32 on cpu" in caplog.text

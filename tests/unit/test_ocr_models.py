@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from bls_pipeline.runtime.functions import load_function
+from bls_pipeline.engines.functions import load_function
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.onnx import OnnxModel
+from bls_pipeline.engines.onnx import OnnxModel
 from engine_build import ocr
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -322,7 +322,7 @@ def test_the_detector_runs_its_openvino_ir_where_built_with_the_onnx_files_prob_
     """engine_build ocr writes the detector's IR beside its ONNX; detect.py opens the IR (the
     same probability map, to float32's last digits), and the ONNX where there is no IR."""
     pytest.importorskip("openvino", reason="the detector's IR needs openvino")
-    from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+    from bls_pipeline.engines.onnx import OnnxModel, OpenVinoModel
 
     folder = ocr_repository / "text_detector" / "1"
     assert (folder / "model.xml").is_file() and (folder / "model.bin").is_file()

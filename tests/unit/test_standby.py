@@ -1,11 +1,11 @@
-"""A standby engine (runtime/standby.py): checked at load, held only while calls come."""
+"""A standby engine (engines/standby.py): checked at load, held only while calls come."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bls_pipeline.runtime.standby import StandbyEngine
+from bls_pipeline.engines.standby import StandbyEngine
 
 
 class Engine:

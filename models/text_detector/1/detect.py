@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bls_pipeline.runtime.onnx import OnnxModel, OpenVinoModel
+from bls_pipeline.engines.onnx import OnnxModel, OpenVinoModel
 
 THRESH = 0.3  # probability above which a pixel is text
 BOX_THRESH = 0.5  # a box's mean probability below which it is dropped
@@ -42,7 +42,7 @@ log = logging.getLogger("bls_pipeline.models.text_detector")
 
 
 def setup() -> None:
-    """At load (runtime/functions.py): the network, so a missing or broken file fails the
+    """At load (engines/functions.py): the network, so a missing or broken file fails the
     load, not a request. Its OpenVINO IR in FP32 where engine_build wrote one and openvino is
     installed (the same boxes as the ONNX, faster on the CPU: docs/performance.md), else the
     ONNX by onnxruntime; the log says which."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bls_pipeline.runtime.onnx import OnnxModel
+from bls_pipeline.engines.onnx import OnnxModel
 
 _FOLDER = Path(__file__).resolve().parent
 _THREADS = min(4, os.cpu_count() or 1)
@@ -28,7 +28,7 @@ _classes: tuple[str, ...] = ()
 
 
 def setup() -> None:
-    """At load (runtime/functions.py): the character list and the ONNX session, so a missing
+    """At load (engines/functions.py): the character list and the ONNX session, so a missing
     or broken file fails the load, not a request."""
     global _model, _classes
     _classes = read_classes(_FOLDER / "characters.txt")

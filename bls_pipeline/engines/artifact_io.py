@@ -11,19 +11,23 @@ Dims: the config's leave out the batch dimension when max_batch_size > 0; the fi
 first dim is then the batch, which must be dynamic (or the one size the config allows).
 A dim dynamic on either side (-1 in the config; a name or None in the file) agrees with
 any size; two fixed sizes must be equal.
+
+Beside the file, engine_build writes a stamp (FILE.json) of the weights it was exported
+with: exported_weights reads it, so a model on random weights says so.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from ..base.tensors import TensorInfo
 from ..base.modelconfig import ModelConfig, data_type
 from ..base.errors import ConfigError
 
-__all__ = ["Declared", "FileTensor", "onnx_tensors", "openvino_tensors"]
+__all__ = ["Declared", "FileTensor", "exported_weights", "onnx_tensors", "openvino_tensors"]
 
 @dataclass(frozen=True)
 class FileTensor:
@@ -137,3 +141,17 @@ def openvino_tensors(ports: Sequence, names: Sequence[str]) -> list[FileTensor]:
         dims = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
         out.append(FileTensor(name, _OPENVINO_TYPES.get(kind, kind), dims))
     return out
+
+
+def exported_weights(path: Path) -> str | None:
+    """The weights an engine file written by engine_build carries ('imagenet', 'pretrained',
+    'random', a .pth path), from its stamp beside it (FILE.json); 'unknown' without a stamp,
+    None without the file."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    stamp = path.with_name(path.name + ".json")
+    try:
+        return str(json.loads(stamp.read_text())["weights"]) if stamp.exists() else "unknown"
+    except (ValueError, KeyError, TypeError):
+        return "unknown"

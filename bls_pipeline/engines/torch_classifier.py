@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .children import exported_weights
+from .artifact_io import exported_weights
 from ..base.modelconfig import BACKEND_KEYS, RELOAD_KEY
 from ..base.errors import ConfigError
 
