@@ -28,7 +28,7 @@ ROUTE = TensorSpec("ROUTE", "STRING", (1,))
 
 # Optional: each image's answer (route, labels, its own outputs, its regions) as one UTF-8
 # JSON document, for clients that read JSON rather than tensors. Written by the runtime from
-# the other outputs (runtime/answer_json.py, which gives its schema); a model that does not
+# the other outputs (runtime/answer/answer_json.py, which gives its schema); a model that does not
 # declare it does not pay for it.
 JSON = TensorSpec("JSON", "STRING", (1,))
 
@@ -75,7 +75,7 @@ PROBE_REQUEST_ID = "bls_probe"
 # Set by bls-serve likewise: a JSON file it keeps current with every model's state in Triton's
 # repository index and, for one that failed to load, why ({"model": {"state": "UNAVAILABLE",
 # "reason": "..."}}). A flow whose candidates are not READY reads it to tell a load that failed
-# (a broken part: INTERNAL) from a model still to come (UNAVAILABLE) (runtime/model_states.py).
+# (a broken part: INTERNAL) from a model still to come (UNAVAILABLE) (runtime/load/model_states.py).
 MODEL_STATES_ENV = "BLS_MODEL_STATES"
 # Set by bls-serve likewise: a Unix datagram socket it reads; each flow instance sends it one
 # JSON record per execute() (adapter/records.py), which `bls-explain` joins with Triton's trace

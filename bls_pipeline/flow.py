@@ -41,11 +41,11 @@ them, each answered by a Prediction or failed with a RequestError. docs/extendin
 guide.
 """
 
-from .runtime.batch import Answer, Batch, ChildCallError, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
+from .runtime.call.batch import Answer, Batch, ChildCallError, Classify, FlowError, Infer, NoModelReady, Outputs, Scores
 from .runtime.local import LocalFlow, RequestFailed
-from .runtime.parameters import Parameters
+from .runtime.load.parameters import Parameters
 from .runtime.results import ImageRequest, Prediction, RequestError
-from .runtime.settings import Candidates, Probability, Settings
+from .runtime.load.settings import Candidates, Probability, Settings
 
 __all__ = [
     "Answer",

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy

@@ -80,7 +80,7 @@ def _stamp(path: Path, **facts) -> None:
 
 
 def _int8(args) -> int:
-    from bls_pipeline.runtime.children import load_child
+    from bls_pipeline.runtime.load.children import load_child
 
     from .build_cpu import CalibrationError, calibration_tensors, quantize
 
@@ -112,7 +112,7 @@ def _openvino(args) -> int:
 
 
 def _agreement(args) -> int:
-    from bls_pipeline.runtime.children import load_child
+    from bls_pipeline.runtime.load.children import load_child
 
     from .agreement import agreement, image_variants, runner
     from .export_onnx import exported_weights

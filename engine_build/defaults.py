@@ -114,7 +114,7 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     recipe's INT8 engine where it may be a default here, else FP32. Builds and checks the
     engine when neither it nor a record of its rejection exists; an engine someone built on
     purpose (any *_openvino, or an *_int8 this did not build) is left as it is and named."""
-    from bls_pipeline.runtime.children import load_child
+    from bls_pipeline.runtime.load.children import load_child
 
     from .accuracy import exact_runner, served_runner
     from .agreement import agreement, image_variants

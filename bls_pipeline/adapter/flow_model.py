@@ -10,7 +10,7 @@ All requests of one execute() go through the flow together (one batched child re
 per call); a bad image or a failed flow fails only the requests it touched. The model's
 instance_group picks where the pixels are made: KIND_CPU decodes with numpy on the CPU,
 KIND_GPU decodes JPEGs on that instance's GPU and keeps pixels and scores there
-(runtime/device.py).
+(runtime/decode/device.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import CLASS_IDS, EXECUTIONS_ENV, IMAGE, LABELS, MODEL_STATES_ENV, ROUTE, SCORES, TOPK
-from ..runtime import model_states
+from ..runtime.load import model_states
 from ..runtime.engine import FlowRuntime
-from ..runtime.in_process import InProcessChildren
+from ..runtime.call.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
 from .glue import (bridge_logging, declared_outputs, freeze_startup_objects, instance_count, instance_device, is_probe,
                    model_parameters, request_parameters)

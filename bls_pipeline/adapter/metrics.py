@@ -25,7 +25,7 @@
                                          latency_target_ms) or busy (it refused the call)
     bls_queue_wait_seconds               (gauge) the mean wait in Triton's queue, as Triton measured it,
                                          of the requests that left it in the latest window before this
-                                         instance's last execute() (runtime/admission.py); 0 where
+                                         instance's last execute() (runtime/admit/admission.py); 0 where
                                          nobody measures it (no bls-serve)
     bls_child_calls_total{child}         child requests sent, by child model
     bls_child_images_total{child}        images in them
@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 from ..contract import RESTARTS_ENV
 from ..runtime.results import CANCELLED, CODES, UNAVAILABLE, Timings
-from ..runtime.trials import SCORE_DIFF_BOUNDS
+from ..runtime.call.trials import SCORE_DIFF_BOUNDS
 
 __all__ = ["FlowMetrics", "OutcomeSummary", "series", "zero_series"]
 

@@ -1,6 +1,6 @@
 """What Triton measured of each model's queue, shared by bls-serve (the writer: it reads
 Triton's statistics, serve/queue_monitor.py) with every flow instance (the readers: each a
-python stub process, runtime/admission.py decides on it). One small file per model in
+python stub process, runtime/admit/admission.py decides on it). One small file per model in
 /dev/shm, keyed by the server's pid (the stubs' parent) and the model's name; bls-serve
 makes them and removes them at its stop. A server started without bls-serve has none: its
 flows then know no queue wait, and refuse nothing on one.
@@ -17,7 +17,7 @@ import struct
 import time
 from pathlib import Path
 
-from ..runtime.admission import QueueReading
+from ..runtime.admit.admission import QueueReading
 
 __all__ = ["QueueWaitReader", "QueueWaitWriter", "QueueWaits", "WAIT_PREFIX"]
 

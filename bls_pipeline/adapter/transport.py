@@ -19,7 +19,7 @@ import re
 from typing import Any, Sequence
 
 from ..runtime import hooks
-from ..runtime.calls import ChildRequest
+from ..runtime.call.calls import ChildRequest
 from ..runtime.errors import ChildCallError
 from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 

@@ -25,24 +25,24 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .admission import Admission, QueueReading, RequestClock
-from .answer import Answer
-from .batch import Batch
-from .calls import Send
-from .children import ChildModel, child_folder, child_model, load_child, version_folders
+from .admit.admission import Admission, QueueReading, RequestClock
+from .answer.answer import Answer
+from .call.batch import Batch
+from .call.calls import Send
+from .load.children import ChildModel, child_folder, child_model, load_child, version_folders
 from ..base.tensors import TensorInfo
-from .device import Device, device_for
+from .decode.device import Device, device_for
 from .errors import ChildCallError, FlowError, NoModelReady
-from .execution import Execution
-from .loadcheck import check_flow
-from .loader import FlowDefinition, load_flow
+from .decode.execution import Execution
+from .load.loadcheck import check_flow
+from .load.loader import FlowDefinition, load_flow
 from ..base.modelconfig import data_type, parse_config
-from .parameters import ParameterError, Parameters
-from .predictions import check_filled, predictions
+from .load.parameters import ParameterError, Parameters
+from .answer.predictions import check_filled, predictions
 from .results import BROKEN, UNAVAILABLE, ImageRequest, Prediction, RequestError, Timings
-from .routing import Router
+from .call.routing import Router
 from ..base.errors import ConfigError
-from .settings import RuntimeSettings, Settings, parse_settings
+from .load.settings import RuntimeSettings, Settings, parse_settings
 
 __all__ = ["FlowRuntime"]
 

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .calls import ChildRequest
+from .call.calls import ChildRequest
 from .errors import ChildCallError
 from .engine import FlowRuntime
 from .results import ImageRequest, Prediction, RequestError, Timings

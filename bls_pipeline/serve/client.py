@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..contract import BLS_MODEL, CLASS_IDS, IMAGE, JSON, LABELS, ROUTE, SCORES, TOPK
-from ..runtime.answer_json import documents
+from ..runtime.answer.answer_json import documents
 from ..stages.decode import IMAGE_SUFFIXES
 
 __all__ = ["ClassifyClient", "FileResult", "check_server", "classify_files", "find_images", "format_table", "main",
@@ -36,7 +36,7 @@ def tritonclient_module(protocol: str):
 @dataclass
 class FileResult:
     path: str
-    # The image's answer as the JSON output's document (runtime/answer_json.py): route,
+    # The image's answer as the JSON output's document (runtime/answer/answer_json.py): route,
     # labels, scores, class_ids, the flow's own outputs, its regions. None when it failed.
     document: dict | None = None
     error: str | None = None
@@ -93,7 +93,7 @@ class ClassifyClient:
         return {name: result.as_numpy(name) for name in names}
 
     def answers(self, images: list[bytes], topk: int | None = None, timeout_s: float | None = None) -> list[dict]:
-        """Each image's answer as a JSON document (runtime/answer_json.py): the model's JSON
+        """Each image's answer as a JSON document (runtime/answer/answer_json.py): the model's JSON
         output when it declares one (nothing else is asked for), else the same document made
         here from its tensors."""
         dims = self.output_dims()

@@ -1,5 +1,5 @@
 """`bls-classify --draw`: an image with its answer drawn on it, for people who would rather
-look than read. Drawn from the image's JSON document (runtime/answer_json.py): each
+look than read. Drawn from the image's JSON document (runtime/answer/answer_json.py): each
 region's box with its caption, and in the top left corner the image's top label (or, when
 it has none, its route)."""
 

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from ..adapter.queue_waits import QueueWaitWriter
-from ..runtime.admission import QueueReading
+from ..runtime.admit.admission import QueueReading
 
 __all__ = ["POLL_S", "QueueMonitor", "QueueWindows"]
 

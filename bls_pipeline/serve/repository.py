@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.loader import declared_calls, declared_models, is_flow_model
+from ..runtime.load.loader import declared_calls, declared_models, is_flow_model
 from ..base.modelconfig import ConfigFileError, ModelConfig, parse_config, string_parameters
 
 __all__ = ["LoadPlan", "Repository", "artifact_problem", "config_problems", "drain_stages", "export_hint", "plan_loading",

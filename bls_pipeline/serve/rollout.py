@@ -18,7 +18,7 @@ a version in both keeps serving untouched):
 `--keep-old` stops after step 1 (both versions serve; run again without it to retire).
 
 Before a version answers anyone, try it on live traffic (the flow's shadow and canary,
-runtime/trials.py), each step its own run:
+runtime/call/trials.py), each step its own run:
 
     bls-rollout ... resnet50_onnx 2 --shadow 1.0     # the flow mirrors its calls to version 2
     bls-rollout ... resnet50_onnx 2 --report         # agreement and latency, from /metrics

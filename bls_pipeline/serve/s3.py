@@ -179,8 +179,8 @@ def _children_copies(repo: Path, models: tuple[str, ...] | None) -> dict[str, Pa
     """key -> local file: for each flow model (and ensemble step), the config and labels of every model it calls,
     under <flow model>/children/<model>/ (Triton copies a model's folder alone from S3, so
     the flow finds no sibling there: runtime.children.load_child reads these instead)."""
-    from ..runtime.children import CHILDREN_DIR
-    from ..runtime.loader import is_flow_model
+    from ..runtime.load.children import CHILDREN_DIR
+    from ..runtime.load.loader import is_flow_model
     from ..base.modelconfig import string_parameters
     from .repository import Repository
 

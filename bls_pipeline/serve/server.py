@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..adapter.queue_waits import WAIT_PREFIX
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
-from ..runtime.loader import is_flow_model
+from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
 from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin

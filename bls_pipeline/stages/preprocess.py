@@ -1,6 +1,6 @@
 """RGB image -> one model's input tensor; by default the ImageNet eval transform.
 
-A `PreprocessSpec` is what one model's config.pbtxt asks for (runtime/children.py reads
+A `PreprocessSpec` is what one model's config.pbtxt asks for (runtime/load/children.py reads
 it): the resize mode and sizes, colour (RGB, BGR, 1-channel GRAY), layout (NCHW, NHWC),
 element type (FP32, FP16, UINT8) and normalisation. The default, RGB NCHW float32, gives the
 same result as torchvision's `Resize(resize) + CenterCrop(crop) + ToTensor + Normalize`

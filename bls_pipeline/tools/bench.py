@@ -44,7 +44,7 @@ from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, REGIO
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
 from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, model_statistics, outcome_of_exception
-from ..runtime.loader import is_flow_model
+from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import config_variant, parse_config
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
@@ -681,7 +681,7 @@ def _as_served(repo: Path, flow: Path) -> dict[str, str]:
 
     if exported_weights(repo / CLASSIFIER / "1" / "model.onnx") != "random":
         return {}
-    from ..runtime.loader import flow_settings
+    from ..runtime.load.loader import flow_settings
 
     kept = [m for m in flow_settings(flow)[1].classifiers if not m.startswith("resnet50_")]
     return {"classifiers": ",".join(kept) or "resnet50_trt"}

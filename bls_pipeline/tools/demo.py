@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.loader import declared_in_process
+from ..runtime.load.loader import declared_in_process
 from ..serve.client import classify_files, find_images, format_table
 from ..serve.server import ServerOptions, TritonServer
 from ..serve.repository import export_hint

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.loader import is_flow_model
+from ..runtime.load.loader import is_flow_model
 from ..serve.paths import default_models, default_samples
 from ..serve.processes import stub_instances
 from ..serve.repository import Repository

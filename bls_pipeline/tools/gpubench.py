@@ -6,7 +6,7 @@
                 when there is a GPU): FP32 and string tensors through the stub, a CUDA tensor
                 out through DLPack; fails with the reason when the stub does not work here
     decode      (a) in process: decode + preprocess of a batch of ImageNet-size JPEGs,
-                images/s, the GPU path (runtime/torch_device.py) against the CPU path on all
+                images/s, the GPU path (runtime/decode/torch_device.py) against the CPU path on all
                 cores, how far apart their tensors are, and the GPU path's parts alone
     classifier  resnet50_torch in process: images/s per batch size, eager against CUDA graphs
     serve       (b) end to end over gRPC at each concurrency: classify_bls decoding on the GPU
@@ -299,8 +299,8 @@ def _parity(cpu: np.ndarray, other: np.ndarray, spec) -> dict:
 
 
 def cmd_decode(args) -> int:
-    from ..runtime.device import HostDevice
-    from ..runtime.torch_device import TorchDevice
+    from ..runtime.decode.device import HostDevice
+    from ..runtime.decode.torch_device import TorchDevice
 
     spec, policy = PreprocessSpec(), DecodePolicy()
     images = _images(args)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import IMAGE, ROUTE
-from ..runtime.loader import is_flow_model
+from ..runtime.load.loader import is_flow_model
 from ..serve.client import check_server, find_images, tritonclient_module
 from ..serve.paths import checkout, default_models, default_samples
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bls_pipeline.runtime.device import HostDevice
+from bls_pipeline.runtime.decode.device import HostDevice
 from bls_pipeline.stages.decode import DecodePolicy, decode
 from bls_pipeline.stages.preprocess import PreprocessSpec
 
@@ -19,7 +19,7 @@ FULL = DecodePolicy(draft_min_side=0)
 
 @pytest.fixture(scope="module")
 def device():
-    from bls_pipeline.runtime.torch_device import TorchDevice
+    from bls_pipeline.runtime.decode.torch_device import TorchDevice
 
     return TorchDevice("cuda:0")
 

@@ -38,8 +38,8 @@ from tritonclient.utils import InferenceServerException
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.contract import BLS_MODEL, NUM_CLASSES
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
-from bls_pipeline.runtime.settings import RuntimeSettings, parse_settings
-from bls_pipeline.runtime.loader import load_flow
+from bls_pipeline.runtime.load.settings import RuntimeSettings, parse_settings
+from bls_pipeline.runtime.load.loader import load_flow
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.stages.decode import DecodePolicy, decode
 from bls_pipeline.stages.postprocess import softmax, top_k
 from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ("http", "grpc")

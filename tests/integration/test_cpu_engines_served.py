@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.serve.client import ClassifyClient
 from engine_build.build_cpu import calibration_tensors, convert_openvino, quantize
 

@@ -10,7 +10,7 @@ from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.stages.decode import decode
 from bls_pipeline.stages.postprocess import softmax
 from bls_pipeline.stages.preprocess import preprocess_into
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 
 pytestmark = pytest.mark.integration
 MODEL = "triage_bls"

@@ -1,5 +1,5 @@
 """The JSON output: each image's answer as one document, built from the tensors of a response
-(runtime/answer_json.py), and written by the runtime for a flow model that declares it."""
+(runtime/answer/answer_json.py), and written by the runtime for a flow model that declares it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.runtime.answer_json import documents, encode
+from bls_pipeline.runtime.answer.answer_json import documents, encode
 from bls_pipeline.runtime.results import ImageRequest
 from bls_pipeline.base.errors import ConfigError
 

@@ -114,7 +114,7 @@ def test_the_handwritten_baseline_is_served_with_read_texts_batching_and_thresho
         theirs.max_batch_size, theirs.dynamic_batching, list(theirs.instance_group))
     mine = string_parameters(ours)
     assert {"min_height", "min_box_score", "flip_threshold", "min_confidence", "draft_min_side"} == set(mine)
-    from bls_pipeline.runtime.loader import flow_settings
+    from bls_pipeline.runtime.load.loader import flow_settings
 
     runtime, settings = flow_settings(src / "read_text")  # read_text's as it loads them: its flow's defaults, its config
     assert {k: float(v) for k, v in mine.items()} == {**{k: getattr(settings, k) for k in mine if k != "draft_min_side"},

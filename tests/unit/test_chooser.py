@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bls_pipeline.runtime.routing import CandidateChooser
+from bls_pipeline.runtime.call.routing import CandidateChooser
 
 PREFERENCE = ("trt", "onnx", "cpu")
 

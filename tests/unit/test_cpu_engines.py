@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
-from bls_pipeline.runtime.children import child_model, load_child
+from bls_pipeline.runtime.load.children import child_model, load_child
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import artifact_problem, plan_loading
 from engine_build.build_cpu import CalibrationError, calibration_images, calibration_tensors
@@ -52,7 +52,7 @@ def test_native_config_is_the_python_config_on_tritons_own_backend(family, kind)
 @pytest.mark.parametrize("flow, keys", [("classify_bls", ("cascade_classifiers", "classifiers")),
                                         ("triage_bls", ("first_voter", "second_voter"))])
 def test_engines_come_before_fp32_onnx_in_every_candidate_list(flow, keys):
-    from bls_pipeline.runtime.loader import flow_settings
+    from bls_pipeline.runtime.load.loader import flow_settings
 
     settings = flow_settings(MODELS / flow)[1]
     for key in keys:

@@ -15,8 +15,8 @@ from PIL import Image
 from bls_pipeline.stages.decode import decode
 from bls_pipeline.flow import LocalFlow, RequestFailed
 from bls_pipeline.stages.preprocess import preprocess_into
-from bls_pipeline.runtime.batch import ChildCallError
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.call.batch import ChildCallError
+from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.runtime.engine import FlowRuntime
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
 from bls_pipeline.base.errors import ConfigError

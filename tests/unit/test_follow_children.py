@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from bls_pipeline.flow import LocalFlow
-from bls_pipeline.runtime.batch import ChildCallError
-from bls_pipeline.runtime.model_states import ServedConfigs, served_configs
+from bls_pipeline.runtime.call.batch import ChildCallError
+from bls_pipeline.runtime.load.model_states import ServedConfigs, served_configs
 from bls_pipeline.base.modelconfig import parse_config
 from bls_pipeline.runtime.results import ImageRequest, Prediction
 from bls_pipeline.serve.followers import FlowRetries

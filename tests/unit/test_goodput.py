@@ -1,6 +1,6 @@
 """What a request carries reaches the flow (its parameters, its deadline, whether its client
 went), and no work is done for a client that has gone: LocalFlow runs of the shipped
-classify_bls and of flows written here, and the door's arithmetic (runtime/admission.py)."""
+classify_bls and of flows written here, and the door's arithmetic (runtime/admit/admission.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from PIL import Image
 
 from bls_pipeline.adapter.queue_waits import QueueWaits, QueueWaitWriter
 from bls_pipeline.flow import LocalFlow, Probability, RequestFailed
-from bls_pipeline.runtime.admission import Admission, Costs, QueueReading
+from bls_pipeline.runtime.admit.admission import Admission, Costs, QueueReading
 from bls_pipeline.runtime.results import Timings
 from bls_pipeline.serve.queue_monitor import QueueWindows, queue_totals
-from bls_pipeline.runtime.calls import ChildRequest
-from bls_pipeline.runtime.parameters import ParameterError, Parameters
+from bls_pipeline.runtime.call.calls import ChildRequest
+from bls_pipeline.runtime.load.parameters import ParameterError, Parameters
 from bls_pipeline.runtime.results import CANCELLED, UNAVAILABLE, ImageRequest, Prediction, RequestError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -394,7 +394,7 @@ def test_a_deadline_counts_from_arrival_as_triton_measured_the_wait():
 def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
     clock = FakeClock()
     door = Admission(queued=False, target_s=0.0, clock=clock)
-    from bls_pipeline.runtime.admission import drop
+    from bls_pipeline.runtime.admit.admission import drop
     from bls_pipeline.runtime.results import Timings
 
     gone = ImageRequest([photo()], timeout_s=1.0, cancelled=lambda: True)

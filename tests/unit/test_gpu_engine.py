@@ -14,12 +14,12 @@ from PIL import Image
 torch = pytest.importorskip("torch")
 
 from bls_pipeline.flow import LocalFlow  # noqa: E402
-from bls_pipeline.runtime.scores import Scores  # noqa: E402
-from bls_pipeline.runtime.device import HostDevice  # noqa: E402
+from bls_pipeline.runtime.call.scores import Scores  # noqa: E402
+from bls_pipeline.runtime.decode.device import HostDevice  # noqa: E402
 from bls_pipeline.runtime.engine import FlowRuntime  # noqa: E402
 from bls_pipeline.base.modelconfig import parse_config, string_parameters  # noqa: E402
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError  # noqa: E402
-from bls_pipeline.runtime.torch_device import TorchDevice  # noqa: E402
+from bls_pipeline.runtime.decode.torch_device import TorchDevice  # noqa: E402
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"

@@ -13,8 +13,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
-from bls_pipeline.runtime.children import load_child
-from bls_pipeline.runtime.loader import load_flow
+from bls_pipeline.runtime.load.children import load_child
+from bls_pipeline.runtime.load.loader import load_flow
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.base.modelconfig import RELOAD_KEY
 from bls_pipeline.base.errors import ConfigError
@@ -39,7 +39,7 @@ def test_resnet50_torch_has_the_classifier_contract_on_a_gpu_instance():
 
 @pytest.mark.parametrize("model,key", [("classify_bls", "classifiers"), ("triage_bls", "second_voter")])
 def test_the_flows_try_the_torch_model_between_tensorrt_and_onnx(model, key):
-    from bls_pipeline.runtime.loader import flow_settings
+    from bls_pipeline.runtime.load.loader import flow_settings
 
     assert tuple(getattr(flow_settings(MODELS / model)[1], key)) == ORDER  # as the flow loads it
 

@@ -1,4 +1,4 @@
-"""The GPU path's pixels (runtime/torch_device.py) against the CPU path's, run here with torch
+"""The GPU path's pixels (runtime/decode/torch_device.py) against the CPU path's, run here with torch
 on the CPU and, where a CUDA GPU is present, on it.
 
 Tolerance, in uint8 steps (one step: 1/255 of the range before mean/std, what one rounding
@@ -31,8 +31,8 @@ from PIL import Image
 
 torch = pytest.importorskip("torch")
 
-from bls_pipeline.runtime.device import HostDevice  # noqa: E402
-from bls_pipeline.runtime.torch_device import TorchDevice  # noqa: E402
+from bls_pipeline.runtime.decode.device import HostDevice  # noqa: E402
+from bls_pipeline.runtime.decode.torch_device import TorchDevice  # noqa: E402
 from bls_pipeline.stages import torch_preprocess  # noqa: E402
 from bls_pipeline.stages.decode import DecodePolicy  # noqa: E402
 from bls_pipeline.stages.jpeg_header import gpu_jpeg  # noqa: E402

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from bls_pipeline.adapter.glue import instance_device, tensor_from_numpy, tensor_to_array  # noqa: E402
 from bls_pipeline.adapter.transport import TritonTransport  # noqa: E402
-from bls_pipeline.runtime.calls import ChildRequest  # noqa: E402
+from bls_pipeline.runtime.call.calls import ChildRequest  # noqa: E402
 from bls_pipeline.runtime.errors import ChildCallError  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Children a flow runs in its own process (runtime/in_process.py): which calls run here, the
+"""Children a flow runs in its own process (runtime/call/in_process.py): which calls run here, the
 engine each version opens, what fails the load, and the answers against LocalFlow's."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls_pipeline.runtime.calls import ChildRequest
+from bls_pipeline.runtime.call.calls import ChildRequest
 from bls_pipeline.runtime.engine import FlowRuntime
 from bls_pipeline.runtime.errors import ChildCallError
-from bls_pipeline.runtime.in_process import InProcessChildren
+from bls_pipeline.runtime.call.in_process import InProcessChildren
 from bls_pipeline.runtime.local import LocalFlow
 from bls_pipeline.base.errors import ConfigError
 from bls_pipeline.runtime.results import ImageRequest

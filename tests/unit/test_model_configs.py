@@ -12,10 +12,10 @@ from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
 from bls_pipeline.stages.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
-from bls_pipeline.runtime.children import load_child
-from bls_pipeline.runtime.loader import load_flow
+from bls_pipeline.runtime.load.children import load_child
+from bls_pipeline.runtime.load.loader import load_flow
 from bls_pipeline.base.modelconfig import config_variant, parse_config, string_parameters
-from bls_pipeline.runtime.settings import parse_settings
+from bls_pipeline.runtime.load.settings import parse_settings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # Classifiers by weights: the ONNX (CPU) and TensorRT (GPU) model of one set of weights.
@@ -178,7 +178,7 @@ def test_ensemble_baseline_contract():
     _assert_tensors(pre.output, (contract.CLASSIFIER_INPUT,))
     _assert_tensors(post.input, (contract.CLASSIFIER_OUTPUT,))
     # Same default top-k as classify_bls, so the two answer alike.
-    from bls_pipeline.runtime.loader import flow_settings
+    from bls_pipeline.runtime.load.loader import flow_settings
 
     assert int(string_parameters(post)["default_topk"]) == flow_settings(MODELS / "classify_bls")[0].default_topk
 
@@ -197,7 +197,7 @@ def test_config_variant_renames_and_sets_parameters():
 def test_a_flows_config_sets_only_what_differs_from_its_defaults():
     """A flow's defaults live in one place: its flow.py's Settings and the runtime's. Its
     config.pbtxt carries only what differs (a copied default would drift from the code)."""
-    from bls_pipeline.runtime.loader import is_flow_model
+    from bls_pipeline.runtime.load.loader import is_flow_model
 
     flows = [d for d in sorted(MODELS.iterdir()) if is_flow_model(d)]
     assert {d.name for d in flows} >= {"classify_bls", "triage_bls", "read_text"}

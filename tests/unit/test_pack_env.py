@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from bls_pipeline.base.errors import ConfigError
-from bls_pipeline.runtime.settings import parse_settings
+from bls_pipeline.runtime.load.settings import parse_settings
 from bls_pipeline.tools.pack_env import PackError, _point_config_at, _venv_layout, main, pack, this_python
 
 

@@ -17,11 +17,11 @@ from bls_pipeline.stages.decode import decode
 from bls_pipeline.flow import LocalFlow
 from bls_pipeline.stages.postprocess import softmax
 from bls_pipeline.stages.preprocess import preprocess_into
-from bls_pipeline.runtime.batch import ChildCallError
-from bls_pipeline.runtime.children import child_model
+from bls_pipeline.runtime.call.batch import ChildCallError
+from bls_pipeline.runtime.load.children import child_model
 from bls_pipeline.runtime.results import ImageRequest, Prediction, RequestError
 from bls_pipeline.base.modelconfig import ModelConfig
-from bls_pipeline.runtime.settings import RuntimeSettings
+from bls_pipeline.runtime.load.settings import RuntimeSettings
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 LABELS = (MODELS / "resnet50_onnx" / "labels.txt").read_text().splitlines()

@@ -412,8 +412,8 @@ def test_regions_without_regions_in_the_flow_api_are_a_flow_error(repo):
     ("centre", [0, 0.25, 0.5, 0.5], "normalized"),
 ])
 def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
-    from bls_pipeline.runtime.boxes import found_boxes
-    from bls_pipeline.runtime.children import ChildModel, Detector
+    from bls_pipeline.runtime.decode.boxes import found_boxes
+    from bls_pipeline.runtime.load.children import ChildModel, Detector
     from bls_pipeline.base.tensors import TensorInfo
     from bls_pipeline.stages.preprocess import PreprocessSpec
 
@@ -432,8 +432,8 @@ def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
 
 @pytest.mark.parametrize("count", [np.zeros((2, 2), np.int32), np.zeros(0, np.int32)])
 def test_a_count_output_of_the_wrong_shape_fails_naming_the_detector(count):
-    from bls_pipeline.runtime.boxes import found_boxes
-    from bls_pipeline.runtime.children import ChildModel, Detector
+    from bls_pipeline.runtime.decode.boxes import found_boxes
+    from bls_pipeline.runtime.load.children import ChildModel, Detector
     from bls_pipeline.base.tensors import TensorInfo
     from bls_pipeline.runtime.errors import ChildCallError
     from bls_pipeline.stages.preprocess import PreprocessSpec

@@ -17,7 +17,7 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 
 def _listed(model: str, *keys: str) -> tuple[str, ...]:
     """The model names these settings list, as the flow loads them (its defaults, its config.pbtxt)."""
-    from bls_pipeline.runtime.loader import flow_settings
+    from bls_pipeline.runtime.load.loader import flow_settings
 
     settings = flow_settings(MODELS / model)[1]
     return tuple(name for key in keys for name in getattr(settings, key))

@@ -1,4 +1,4 @@
-"""Shadow and canary (runtime/trials.py) in process: what the shadow compares and counts,
+"""Shadow and canary (runtime/call/trials.py) in process: what the shadow compares and counts,
 that neither it nor a failing canary changes an answer, and the settings' errors."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from bls_pipeline.runtime.engine import FlowRuntime
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.runtime.results import ImageRequest, RequestError
 from bls_pipeline.base.errors import ConfigError
-from bls_pipeline.runtime.trials import SCORE_DIFF_BOUNDS, Shadow, Trial, compare
+from bls_pipeline.runtime.call.trials import SCORE_DIFF_BOUNDS, Shadow, Trial, compare
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 RESNET_ONLY = {"cascade_classifiers": "none", "tta_threshold": "0", "classifiers": "resnet50_onnx"}
@@ -92,7 +92,7 @@ def test_a_shadow_the_call_cannot_be_mirrored_to_is_counted_with_the_reason(enco
     config = (repo / "resnet50_twin" / "config.pbtxt").read_text().replace('name: "resnet50_onnx"', 'name: "resnet50_twin"')
     config = config.replace('input [ { name: "input"', 'input [ { name: "SCALE", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "input"')
     (repo / "resnet50_twin" / "config.pbtxt").write_text(config)
-    with caplog.at_level("INFO", logger="bls_pipeline.runtime.trials"):
+    with caplog.at_level("INFO", logger="bls_pipeline.runtime.call.trials"):
         with LocalFlow(repo / "classify_bls", {"resnet50_onnx": stable, "resnet50_twin": stable},
                        parameters={**RESNET_ONLY, "shadow": "resnet50_onnx=resnet50_twin"}) as flow:
             (answer,), timings = flow.run([ImageRequest(images(encode, 2))])

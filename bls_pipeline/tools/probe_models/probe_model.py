@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 from bls_pipeline.adapter.glue import freeze_startup_objects, model_parameters
 from bls_pipeline.adapter.transport import TritonTransport
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, NUM_CLASSES
-from bls_pipeline.runtime.calls import ChildRequest
+from bls_pipeline.runtime.call.calls import ChildRequest
 from bls_pipeline.runtime.errors import ChildCallError
 
 CHILD = "probe_classifier"

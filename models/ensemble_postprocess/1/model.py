@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_to_numpy
 from bls_pipeline.stages.postprocess import softmax, top_k
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 
 
 class TritonPythonModel:

@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters, tensor_from_numpy
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.load.children import load_child
 
 
 class TritonPythonModel:

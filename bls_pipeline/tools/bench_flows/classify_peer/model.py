@@ -15,8 +15,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bls_pipeline.adapter.glue import bridge_logging, freeze_startup_objects, model_parameters
-from bls_pipeline.runtime.children import load_child, version_folders
-from bls_pipeline.runtime.in_process import open_model_engine
+from bls_pipeline.runtime.load.children import load_child, version_folders
+from bls_pipeline.runtime.call.in_process import open_model_engine
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
 from bls_pipeline.stages.postprocess import softmax, top_k

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bls_pipeline.runtime.boxes import found_boxes
-from bls_pipeline.runtime.children import load_child
+from bls_pipeline.runtime.decode.boxes import found_boxes
+from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.stages.decode import DecodePolicy, ImageError, decode, decode_scale
 from bls_pipeline.stages.preprocess import preprocess_into, preprocess_region
 

@@ -4,7 +4,7 @@ The runtime (execution.py, calls.py, predictions.py) never touches pixels or sco
 
     HostDevice    numpy on the CPU: decode + preprocess in the thread pool (stages/), scores
                   as numpy. The CPU path, and every flow model with a KIND_CPU instance.
-    TorchDevice   torch on one device (runtime/torch_device.py): JPEGs decoded on the GPU in
+    TorchDevice   torch on one device (runtime/decode/torch_device.py): JPEGs decoded on the GPU in
                   batches, preprocessed there, handed to the children as CUDA tensors (DLPack),
                   softmax and top-k there; only the top-k labels leave it. A flow model with a
                   KIND_GPU instance; on the CPU, only for parity tests.
@@ -20,10 +20,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..stages.batching import DecodedBatch, crop_batch, decode_to_batch, preprocess_batch
-from ..stages.decode import DecodePolicy
-from ..stages.postprocess import TopK, softmax, top_k
-from ..stages.preprocess import PreprocessSpec, renormalize
+from ...stages.batching import DecodedBatch, crop_batch, decode_to_batch, preprocess_batch
+from ...stages.decode import DecodePolicy
+from ...stages.postprocess import TopK, softmax, top_k
+from ...stages.preprocess import PreprocessSpec, renormalize
 
 __all__ = ["Device", "HOST", "HostDevice", "TopKAsk", "device_for"]
 

@@ -31,14 +31,14 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import hooks
-from ..engines.artifact_io import Declared
+from .. import hooks
+from ...engines.artifact_io import Declared
 from .calls import ChildRequest, Send
-from .children import version_folders
-from .errors import ChildCallError
-from ..base.modelconfig import parse_config, string_parameters
-from ..engines.onnx import ENGINE_SUFFIXES, open_engine
-from ..base.errors import ConfigError
+from ..load.children import version_folders
+from ..errors import ChildCallError
+from ...base.modelconfig import parse_config, string_parameters
+from ...engines.onnx import ENGINE_SUFFIXES, open_engine
+from ...base.errors import ConfigError
 
 __all__ = ["InProcessChildren", "engine_file", "open_model_engine"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..base.modelconfig import parse_config, string_parameters
+from ...base.modelconfig import parse_config, string_parameters
 from .parameters import Parameters
-from ..base.errors import ConfigError
+from ...base.errors import ConfigError
 from .settings import RuntimeSettings, Settings, parse_settings
 
 __all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences",

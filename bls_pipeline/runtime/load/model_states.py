@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..base.modelconfig import ModelConfig, served_config
+from ...base.modelconfig import ModelConfig, served_config
 
 __all__ = ["ServedConfigs", "failed_loads", "load_failure", "reader", "served_configs"]
 

@@ -32,9 +32,9 @@ from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
-from ..contract import (CLASS_IDS, JSON, LABELS, REGION_BOXES, REGION_CLASS_IDS, REGION_COUNT, REGION_LABELS,
-                        REGION_OUTPUTS, REGION_ROUTE, REGION_SCORES, ROUTE, SCORES, STANDARD_OUTPUTS)
-from .results import Prediction
+from ...contract import (CLASS_IDS, JSON, LABELS, REGION_BOXES, REGION_CLASS_IDS, REGION_COUNT, REGION_LABELS,
+                         REGION_OUTPUTS, REGION_ROUTE, REGION_SCORES, ROUTE, SCORES, STANDARD_OUTPUTS)
+from ..results import Prediction
 
 __all__ = ["add_documents", "documents", "encode"]
 

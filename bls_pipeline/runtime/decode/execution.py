@@ -13,14 +13,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..stages.preprocess import PreprocessSpec
-from . import hooks
-from .admission import RequestClock, drop, late
-from .calls import Calls, ChildRequest, Send
-from .children import ChildModel
-from .errors import ChildCallError, FlowError
-from .parameters import RowParameters
-from .results import BROKEN, UNAVAILABLE, ChildStats, ImageRequest, RequestError, Timings
+from ...stages.preprocess import PreprocessSpec
+from .. import hooks
+from ..admit.admission import RequestClock, drop, late
+from ..call.calls import Calls, ChildRequest, Send
+from ..load.children import ChildModel
+from ..errors import ChildCallError, FlowError
+from ..load.parameters import RowParameters
+from ..results import BROKEN, UNAVAILABLE, ChildStats, ImageRequest, RequestError, Timings
 
 __all__ = ["Execution"]
 

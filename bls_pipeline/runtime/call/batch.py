@@ -19,14 +19,14 @@ from typing import Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .answer import Answer
-from .children import ChildModel
-from ..base.tensors import TensorInfo
-from .device import Device
-from .errors import ChildCallError, FlowError, NoModelReady
+from ..answer.answer import Answer
+from ..load.children import ChildModel
+from ...base.tensors import TensorInfo
+from ..decode.device import Device
+from ..errors import ChildCallError, FlowError, NoModelReady
 from .rows import Rows
 from .scores import Column, Outputs, Scores
-from .settings import Candidates
+from ..load.settings import Candidates
 
 __all__ = ["Answer", "Batch", "ChildCallError", "Classify", "Column", "FlowError", "Infer", "NoModelReady", "Outputs",
            "Regions", "RunContext", "Scores"]
@@ -159,7 +159,7 @@ class Batch:
         min_score: boxes scoring under it are dropped (needs the detector's box scores).
         Bad boxes (non-finite, empty, inverted, outside) are clipped or dropped (boxes.py);
         an image with more than max_regions_per_image regions fails its own request."""
-        from .boxes import found_boxes
+        from ..decode.boxes import found_boxes
 
         if not 0 <= margin <= 1 or min_size < 0:
             raise FlowError(f"regions(): margin must be within 0..1 and min_size >= 0, got margin={margin} min_size={min_size}")

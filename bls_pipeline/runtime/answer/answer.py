@@ -19,11 +19,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
-from ..base.dtypes import numpy_dtype
-from ..base.tensors import TensorInfo
-from .errors import FlowError
-from .rows import Rows, _as_rows
+from ...contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
+from ...base.dtypes import numpy_dtype
+from ...base.tensors import TensorInfo
+from ..errors import FlowError
+from ..call.rows import Rows, _as_rows
 
 __all__ = ["Answer"]
 

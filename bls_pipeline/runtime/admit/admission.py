@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
+from ..results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 
 __all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueReading", "RequestClock", "Skipped"]
 

@@ -22,12 +22,12 @@ from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from .admission import Skipped
-from ..base.dtypes import numpy_dtype, triton_dtype
-from .children import ChildModel
-from ..base.tensors import TensorInfo
-from .device import Device
-from .errors import ChildCallError, FlowError
+from ..admit.admission import Skipped
+from ...base.dtypes import numpy_dtype, triton_dtype
+from ..load.children import ChildModel
+from ...base.tensors import TensorInfo
+from ..decode.device import Device
+from ..errors import ChildCallError, FlowError
 from .routing import Router
 from .batch import Classify, Infer, Models
 from .rows import _as_rows

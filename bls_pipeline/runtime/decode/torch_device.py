@@ -21,11 +21,11 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-from ..stages.batching import DecodedBatch, decode_to_batch
-from ..stages.decode import ImageError
-from ..stages.jpeg_header import JpegHeader, gpu_jpeg
-from ..stages.postprocess import TopK, format_label
-from ..base.errors import ConfigError
+from ...stages.batching import DecodedBatch, decode_to_batch
+from ...stages.decode import ImageError
+from ...stages.jpeg_header import JpegHeader, gpu_jpeg
+from ...stages.postprocess import TopK, format_label
+from ...base.errors import ConfigError
 
 __all__ = ["TorchDevice"]
 
@@ -50,7 +50,7 @@ def _require_torch():
 class TorchDevice:
     def __init__(self, name: str, pool: Executor | None = None):
         torch = _require_torch()
-        from ..stages import torch_preprocess
+        from ...stages import torch_preprocess
 
         self._torch, self._ops = torch, torch_preprocess
         self.device = torch.device(name)

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..contract import PROBE_PARAMETER
+from ...contract import PROBE_PARAMETER
 from .settings import Probability
 
 __all__ = ["ParameterError", "Parameters", "RowParameters", "TRITON_PARAMETERS"]
@@ -164,7 +164,7 @@ class RowParameters:
             raise AttributeError(name)
         field = next((f for f in self._declared._fields if f.name == name), None)
         if field is None:
-            from .errors import FlowError
+            from ..errors import FlowError
 
             raise FlowError(f"batch.params.{name}: the flow declares no request parameter {name!r} (declared: "
                             f"{', '.join(self._declared.names()) or 'none'}); declare it in a Parameters class in flow.py")

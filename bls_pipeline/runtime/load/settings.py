@@ -21,10 +21,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from ..base.errors import ConfigError
-from ..base.modelconfig import BACKEND_KEYS, RELOAD_KEY
-from ..stages.decode import DEFAULT_FORMATS, DecodePolicy
-from .trials import Trial
+from ...base.errors import ConfigError
+from ...base.modelconfig import BACKEND_KEYS, RELOAD_KEY
+from ...stages.decode import DEFAULT_FORMATS, DecodePolicy
+from ..call.trials import Trial
 
 __all__ = ["Candidates", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
 

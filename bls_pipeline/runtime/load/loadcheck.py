@@ -15,10 +15,10 @@ import logging
 import numpy as np
 from PIL import Image
 
-from ..base.dtypes import numpy_dtype
-from .calls import ChildRequest
-from .results import ImageRequest, RequestError
-from ..base.errors import ConfigError
+from ...base.dtypes import numpy_dtype
+from ..call.calls import ChildRequest
+from ..results import ImageRequest, RequestError
+from ...base.errors import ConfigError
 
 __all__ = ["check_flow"]
 

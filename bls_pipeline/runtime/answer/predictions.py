@@ -9,13 +9,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
+from ...contract import JSON, REGION_OUTPUTS, STANDARD_OUTPUTS
 from .answer import Answer
 from .answer_json import add_documents
-from ..base.tensors import TensorInfo
-from .device import Device
-from .errors import FlowError
-from .results import BROKEN, ImageRequest, Prediction, RequestError, Timings
+from ...base.tensors import TensorInfo
+from ..decode.device import Device
+from ..errors import FlowError
+from ..results import BROKEN, ImageRequest, Prediction, RequestError, Timings
 
 __all__ = ["check_filled", "predictions"]
 

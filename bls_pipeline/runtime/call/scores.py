@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .admission import Skipped
-from .device import HOST, Device
-from .errors import FlowError
+from ..admit.admission import Skipped
+from ..decode.device import HOST, Device
+from ..errors import FlowError
 from .rows import Rows, _as_rows, _mask, _spread
 
 __all__ = ["Column", "Outputs", "Scores"]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..stages.preprocess import PreprocessSpec, placement
-from .children import ChildModel
-from .errors import ChildCallError
+from ...stages.preprocess import PreprocessSpec, placement
+from ..load.children import ChildModel
+from ..errors import ChildCallError
 
 __all__ = ["Found", "found_boxes", "to_xyxy"]
 

@@ -12,7 +12,7 @@ import random
 import time
 from typing import Callable
 
-from .settings import RuntimeSettings, Settings
+from ..load.settings import RuntimeSettings, Settings
 from .trials import Shadow, Trial
 
 __all__ = ["CandidateChooser", "Router"]

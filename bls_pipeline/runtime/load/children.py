@@ -42,11 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, PAD_PLACES, RESIZE_MODES, PreprocessSpec
-from ..base.tensors import TensorInfo
-from ..base.modelconfig import data_type, parse_config, string_parameters
-from ..base.errors import ConfigError
-from ..engines.artifact_io import exported_weights
+from ...stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, PAD_PLACES, RESIZE_MODES, PreprocessSpec
+from ...base.tensors import TensorInfo
+from ...base.modelconfig import data_type, parse_config, string_parameters
+from ...base.errors import ConfigError
+from ...engines.artifact_io import exported_weights
 from .settings import _as_float, _as_int
 
 __all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "child_folder", "child_model",

@@ -7,7 +7,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .errors import FlowError
+from ..errors import FlowError
 
 __all__ = ["Rows"]
 
