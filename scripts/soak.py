@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bls_pipeline.base.messages import BUSY
+
 REPO = Path(__file__).resolve().parent.parent
 # What tritonserver writes when it aborts or crashes (Triton 2.51's signal handler, glibc).
 FATAL = re.compile(r"Signal \((?!15\)|2\))\d+\) received|TraceRelease|malloc\(\)|double free|corrupted|Assertion .* failed|"
@@ -64,7 +66,7 @@ def _outcome(exc: Exception | None) -> str:
     if exc is None:
         return "answered"
     text = str(exc)
-    for kind, pattern in (("refused (503)", r"\b503\b|UNAVAILABLE|Exceeds maximum queue size|Request timeout expired"),
+    for kind, pattern in (("refused (503)", rf"\b503\b|UNAVAILABLE|{BUSY.pattern}"),
                           ("bad request (400)", r"\b400\b|INVALID_ARG"),
                           ("deadline or cancelled", r"DEADLINE_EXCEEDED|CANCELLED|Deadline Exceeded|expired|cancel"),
                           ("connection failed", r"UNAVAILABLE.*connect|Connection refused|failed to connect|"

@@ -9,15 +9,16 @@ one without it asks for them in host memory.
 A failed call comes back as a ChildCallError with the server's message, marked
 `unavailable` when the server says the model could not take it at all (its stub died, it
 or the version asked for is unloading or gone): the runtime retries those; `busy` when it
-refused the call for overload. With `trace` set, each call is a child of that trace.
+refused the call for overload. Triton hands a BLS caller the message alone (its code is
+lost): the words are base/messages.py's. With `trace` set, each call is a child of that trace.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Sequence
 
+from ..base.messages import BUSY, UNAVAILABLE
 from ..runtime import hooks
 from ..runtime.call.calls import ChildRequest
 from ..runtime.errors import ChildCallError
@@ -25,19 +26,12 @@ from .glue import tensor_from_numpy, tensor_to_array, tensor_to_numpy
 
 __all__ = ["TritonTransport", "child_error"]
 
-# Triton 2.51's words for "this model (version) cannot take a request now", as opposed to a
-# request it took and failed: a dead python stub (the model still READY), a model or version
-# that is not (or no longer) loaded, and one being unloaded when the request reached it.
-_UNAVAILABLE = re.compile(r"Stub process '[^']+' is not healthy|Request for unknown model|Model '[^']+' is not ready")
-# Its words for a request refused for overload: its queue was full, or it waited out the
-# queue's timeout. Triton 2.51 hands a BLS caller the message alone (the code is lost).
-_BUSY = re.compile(r"Exceeds maximum queue size|Request timeout expired")
 
 
 def child_error(message: str, model: str | None = None) -> ChildCallError:
     """The ChildCallError for a failed child call's message: unavailable (retried) or busy
     (overloaded) when it says so, else the child's own failure."""
-    return ChildCallError(message, unavailable=bool(_UNAVAILABLE.search(message)), busy=bool(_BUSY.search(message)),
+    return ChildCallError(message, unavailable=bool(UNAVAILABLE.search(message)), busy=bool(BUSY.search(message)),
                           model=model)
 
 

@@ -3,14 +3,16 @@
 Each constant below is what the launcher, the watchdog and the stop read to live with one
 defect of Triton 2.51 (the nvidia-pytriton wheel's tritonserver, and the NGC 24.10 image);
 WORKAROUNDS names every workaround, the defect it answers, where it lives, the test that
-shows it, and what a newer Triton lets go. docs/reliability.md, "Triton 2.51 workarounds",
+shows it, and what a newer Triton lets go. The words of Triton's that they read (DEAD_STUB,
+PROBE_BUSY, LOAD_FAILED, ...) are base/messages.py's, named here with the rest. docs/reliability.md, "Triton 2.51 workarounds",
 lists them (tests/unit/test_workarounds.py checks the list, and that each test exists).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from ..base.messages import DEAD_STUB, LOAD_FAILED, LOADED, PROBE_BUSY, TRITON_FATAL
 
 __all__ = ["DEAD_STUB", "HELD_GRACE_S", "LEAKED_GRACE_S", "LOAD_FAILED", "LOADED", "PROBE_BUSY", "STUB_ARGV", "STUB_HEALTH_CHECK_S",
            "TRITON_FATAL", "Workaround", "WORKAROUNDS"]
@@ -28,18 +30,6 @@ class StubArgv:
 
 STUB_ARGV = StubArgv()
 
-# A request to a model whose stub died (or stopped answering its health check): the model
-# stays READY in every health API, and each request fails with this.
-DEAD_STUB = re.compile(r"Stub process '(?P<instance>[^']+)' is not healthy")
-# A probe refused for overload, or that timed out: says nothing of whether the model can answer.
-PROBE_BUSY = re.compile(r"Exceeds maximum queue size|Request timeout expired|timed? ?out", re.IGNORECASE)
-# A load (or a reload beside a serving copy) that failed: Triton keeps the serving copy READY,
-# its repository index shows nothing, and only its log says so (model_lifecycle.cc).
-LOAD_FAILED = re.compile(r"failed to load '(?P<model>[^']+)' version (?P<version>-?\d+): (?P<why>.*?)\"?$")
-LOADED = re.compile(r"successfully loaded '(?P<model>[^']+)'")
-# What tritonserver's signal handler prints as it crashes; on 2.51 it may then deadlock while
-# printing the stack (a heap already corrupted): alive, answering nothing.
-TRITON_FATAL = re.compile(r"Signal \((?P<signal>\d+)\) received")
 # The python backend checks each stub's health every second, and destroying a python instance
 # begins with that check: one instance takes a little over this long to go.
 STUB_HEALTH_CHECK_S = 1.0
@@ -165,9 +155,9 @@ WORKAROUNDS = (
         "message patterns",
         "Triton hands a BLS caller only the message of a failed child call (its code is lost).",
         "The transport tells a child that cannot take a call (retried) or is overloaded from the words "
-        "(adapter/transport.py _UNAVAILABLE, _BUSY); the watchdog tells a busy probe (PROBE_BUSY) and a dead "
-        "stub (DEAD_STUB) the same way.",
-        "adapter/transport.py, serve/watchdog.py",
+        "(UNAVAILABLE, BUSY); the watchdog tells a busy probe (PROBE_BUSY) and a dead stub (DEAD_STUB) the same "
+        "way; bls-bench tells a refusal by Triton's queue (QUEUE_FULL, QUEUE_TIMEOUT).",
+        "base/messages.py, adapter/transport.py, serve/watchdog.py, tools/loadgen.py",
         "tests/unit/test_watchdog.py::test_dead_stub_model_from_triton_messages",
         "Not verified fixed in a later release: run its test on the new Triton before dropping it."),
 )

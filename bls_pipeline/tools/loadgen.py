@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..base.messages import QUEUE_FULL, QUEUE_TIMEOUT, REQUEST_ID
+
 __all__ = ["AioClient", "FinishedCounter", "MetricsUnreadable", "REFUSERS", "TRITON_SUCCESS_COUNTS", "Tally", "backoff_s",
            "closed_loop", "flow_answered", "model_statistics", "outcome_of", "outcome_of_exception", "percentile_ms", "read_metrics"]
 
@@ -36,8 +38,7 @@ FINISHED_CODES = ("OK", "GONE")  # GONE: answered after its client had gone (ada
 REFUSERS = ("queue full", "queue timeout", "model")
 # Triton's own words, the whole message (core's scheduler prefixes a request id): a flow that
 # passes a child's refusal on quotes them inside its own message, and is the model refusing.
-_TRITON_QUEUE = {"Exceeds maximum queue size": "queue full", "Request timeout expired": "queue timeout"}
-_REQUEST_ID = re.compile(r"^\[request id: [^\]]*\] ")
+_TRITON_QUEUE = {QUEUE_FULL: "queue full", QUEUE_TIMEOUT: "queue timeout"}
 
 # Said wherever a figure comes from Triton's success count (python_backend r24.10 reports every
 # request of an execute() with one success flag, true unless execute() itself raised).
@@ -51,7 +52,7 @@ def outcome_of(status: str, message: str) -> str:
     connection). `status` is tritonclient's: "StatusCode.X" over gRPC, the HTTP code over HTTP."""
     if "DEADLINE_EXCEEDED" in status:
         return "gone"
-    queue = _TRITON_QUEUE.get(_REQUEST_ID.sub("", message.strip()))
+    queue = _TRITON_QUEUE.get(REQUEST_ID.sub("", message.strip()))
     if queue is not None:
         return f"refused: {queue}"
     if "UNAVAILABLE" in status or status == "503":

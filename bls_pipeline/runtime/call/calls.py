@@ -15,7 +15,6 @@ its result on no rows and goes on for the rest.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence, Union
@@ -24,6 +23,7 @@ import numpy as np
 
 from ..admit.admission import Skipped
 from ...base.dtypes import numpy_dtype, triton_dtype
+from ...base.messages import BATCH_LIMIT
 from ..load.children import ChildModel
 from ...base.tensors import TensorInfo
 from ..decode.device import Device
@@ -409,14 +409,10 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
-# Triton's refusal of a request over the model's max_batch_size, as served now.
-_BATCH_LIMIT = re.compile(r"batch-size must be <= (\d+) for '([^']+)'")
-
-
 def _batch_limit(error: Exception, model: str) -> int | None:
     """The max batch size `model` was refused a call for, per the server's message; None for
     another error (or a limit under 1: that model takes no batches a flow can send)."""
-    m = _BATCH_LIMIT.search(str(error))
+    m = BATCH_LIMIT.search(str(error))
     return int(m.group(1)) if m and m.group(2) == model and int(m.group(1)) >= 1 else None
 
 
