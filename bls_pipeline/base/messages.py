@@ -3,7 +3,8 @@
 Triton 2.51 hands a BLS caller only the message of a failed child call (its status code is
 lost), prefixes a request's error with its id, and says a failed reload or a fatal signal only
 in its log. What reads those words (the transport's retries, the watchdog's probes, the
-launcher's log reader, bls-bench's tally) reads them from here; serve/workarounds.py lists the
+launcher's log reader, bls-bench's tally) reads them from here, and first_line keeps one line
+of a message that runs to many; serve/workarounds.py lists the
 workarounds that depend on them.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["BATCH_LIMIT", "BUSY", "DEAD_STUB", "LOAD_FAILED", "LOADED", "PROBE_BUSY", "QUEUE_FULL", "QUEUE_TIMEOUT",
-           "REQUEST_ID", "TRITON_FATAL", "UNAVAILABLE"]
+           "REQUEST_ID", "TRITON_FATAL", "UNAVAILABLE", "first_line"]
 
 # A request refused for overload, before any model saw it: the queue was full as it came, or
 # the request waited out the queue's timeout (both 503 / UNAVAILABLE).
@@ -39,3 +40,10 @@ LOADED = re.compile(r"successfully loaded '(?P<model>[^']+)'")
 # What tritonserver's signal handler prints as it crashes; on 2.51 it may then deadlock while
 # printing the stack (a heap already corrupted): alive, answering nothing.
 TRITON_FATAL = re.compile(r"Signal \((?P<signal>\d+)\) received")
+
+
+def first_line(text: str | None) -> str:
+    """The first line of `text`, stripped (empty for none): what a one-line message keeps of
+    an error that runs to many (a load failure with its traceback, a probe's answer)."""
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""

@@ -42,6 +42,7 @@ from .answer.predictions import check_filled, predictions
 from .results import BROKEN, UNAVAILABLE, ImageRequest, Prediction, RequestError, Timings
 from .call.routing import Router
 from ..base.errors import ConfigError
+from ..base.messages import first_line
 from .load.settings import RuntimeSettings, Settings, parse_settings
 
 __all__ = ["FlowRuntime"]
@@ -287,7 +288,7 @@ class FlowRuntime:
         naming the load error. The message names that role's candidates alone."""
         candidates = run.unready_candidates()
         failed = {m: why for m, why in self.failed_loads().items() if m in candidates and why.strip()}
-        message = run.no_model_message({m: why.strip().splitlines()[0] for m, why in failed.items()})
+        message = run.no_model_message({m: first_line(why) for m, why in failed.items()})
         if not failed:
             return RequestError(message, run.unready_role(), UNAVAILABLE)
         model, why = next(iter(failed.items()))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..adapter.queue_waits import WAIT_PREFIX
+from ..base.messages import first_line
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
@@ -54,7 +55,7 @@ from .status import RESTART_CAUSES, ServerState, StatusServer
 from .tritonlog import LoadFailure, LogPump, LogWatch
 from .watchdog import Watchdog
 
-__all__ = ["ExitCode", "SHM_PREFIX", "ServerOptions", "TritonServer", "embedded_command", "first_line", "free_port", "main"]
+__all__ = ["ExitCode", "SHM_PREFIX", "ServerOptions", "TritonServer", "embedded_command", "free_port", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -825,12 +826,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def first_line(text: str) -> str:
-    """The first line of `text`, stripped (empty for none)."""
-    lines = (text or "").strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def _url_host(host: str) -> str:

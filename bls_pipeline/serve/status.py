@@ -71,6 +71,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from ..base.messages import first_line
 from ..contract import PROBE_REQUEST_ID
 from .explain import explain, slowest
 from .states import ModelStates
@@ -304,13 +305,13 @@ class StatusServer:
         for model in followed:
             entry = states.get(model, {})
             if entry.get("state") != "READY":
-                why[model] = f"{entry.get('state') or 'not loaded'}" + (f" ({_first_line(entry['reason'])})"
+                why[model] = f"{entry.get('state') or 'not loaded'}" + (f" ({first_line(entry['reason'])})"
                                                                         if entry.get("reason") else "")
             elif model in outcomes and not outcomes[model].ok:
-                why[model] = f"its last probe failed: {_first_line(outcomes[model].message)}"
+                why[model] = f"its last probe failed: {first_line(outcomes[model].message)}"
         if why:
             return False, "not ready: " + "; ".join(f"{m} {w}" for m, w in why.items())
-        failing = [f"{m} (its last load failed, its serving copy answers: {_first_line(getattr(f, 'why', ''))})"
+        failing = [f"{m} (its last load failed, its serving copy answers: {first_line(getattr(f, 'why', ''))})"
                    for m, f in sorted(server.load_failing.items()) if states.get(m, {}).get("state") == "READY"]
         return True, "ready: " + ", ".join(followed) + ("; " + "; ".join(failing) if failing else "")
 
@@ -371,10 +372,6 @@ class StatusServer:
         else:
             chosen = slowest(traces, slowest_n or 1, model=model, since_ns=since_ns)
         return [explain(t, records, traces) for t in chosen]
-
-
-def _first_line(text: str) -> str:
-    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -26,7 +26,8 @@ from importlib import metadata
 from pathlib import Path
 
 from . import repository
-from .server import embedded_command, first_line
+from ..base.messages import first_line
+from .server import embedded_command
 
 __all__ = ["main"]
 

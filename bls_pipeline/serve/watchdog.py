@@ -61,6 +61,7 @@ from PIL import Image
 
 from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..base.dtypes import numpy_dtype
+from ..base.messages import first_line
 from .processes import stubs
 from .workarounds import DEAD_STUB, PROBE_BUSY
 
@@ -125,7 +126,7 @@ class ProbeBackoff:
             failing.next_at = now + failing.delay
             return None
         self._failing[model] = _Failing(now, self.interval_s, now + self.interval_s, 1)
-        first = (message or "").strip().splitlines()[0] if (message or "").strip() else "no message"
+        first = first_line(message) or "no message"
         return (f"watchdog: the probe of {model} failed: {first}; probing it again in {self.interval_s:g} s, then "
                 f"twice as long each time, up to every {self.max_s:g} s, until it answers")
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..admit.admission import Skipped
 from ...base.dtypes import numpy_dtype, triton_dtype
-from ...base.messages import BATCH_LIMIT
+from ...base.messages import BATCH_LIMIT, first_line
 from ..load.children import ChildModel
 from ...base.tensors import TensorInfo
 from ..decode.device import Device
@@ -313,7 +313,7 @@ class Calls:
             optional = plan.optional_mask() & self._exec.pending(batch._image_rows(rows))
             if optional.any():
                 model = error.model or plan.model or plan.candidates[0]
-                reason = f"overloaded: {_first_line(str(error))}"
+                reason = f"overloaded: {first_line(str(error))}"
                 plan.skipped.append(Skipped(rows[optional], model, "busy",
                                             np.full(int(optional.sum()), reason, dtype=object)))
                 rows = rows[~optional]
@@ -402,11 +402,6 @@ def _optional_rows(size: int, optional) -> np.ndarray:
     if optional is True:
         return np.arange(size)
     return _as_rows(size, optional)
-
-
-def _first_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def _batch_limit(error: Exception, model: str) -> int | None:
