@@ -1,5 +1,6 @@
 """Triton's model-repository and model-config APIs, called with the admin key: what the
-launcher (drain, the watchdog's reload) and `bls-rollout` do to a running server.
+launcher (drain, the watchdog's reload) and `bls-rollout` do to a running server; and a
+model's readiness, which needs no key (model_ready).
 
 Errors come as AdminError, saying which call failed and with Triton's own message.
 """
@@ -10,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
-__all__ = ["ADMIN_HEADER", "AdminError", "RepositoryAdmin"]
+__all__ = ["ADMIN_HEADER", "AdminError", "RepositoryAdmin", "model_ready"]
 
 ADMIN_HEADER = "triton-admin-key"  # over HTTP; gRPC metadata is triton-grpc-protocol-<this>
 
@@ -68,3 +69,13 @@ class RepositoryAdmin:
     def unload(self, model: str, timeout_s: float = 30.0) -> None:
         """Begin unloading `model` (Triton answers at once; the copy goes once no request holds it)."""
         self.call("POST", f"/v2/repository/models/{model}/unload", {}, timeout_s=timeout_s)
+
+
+def model_ready(url: str, model: str, timeout_s: float) -> bool:
+    """Whether the server whose HTTP endpoint is `url` (host:port) says `model` is READY
+    (GET /v2/models/<model>/ready); False where it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/models/{model}/ready", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -31,8 +31,6 @@ import sysconfig
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +40,7 @@ from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_E
 from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
 from . import in_flight, repository, s3
-from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin
+from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin, model_ready
 from .paths import default_models
 from . import stopping
 from .liveness import Liveness
@@ -573,11 +571,7 @@ class TritonServer:
         return {m: plan.skipped.get(m, "not loaded") for m in models if m not in plan.load}
 
     def is_model_ready(self, model: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return model_ready(self.http_url, model, timeout_s=2)
 
     @property
     def admin(self) -> RepositoryAdmin:

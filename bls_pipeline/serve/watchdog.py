@@ -50,8 +50,6 @@ import re
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -62,6 +60,7 @@ from PIL import Image
 from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..base.dtypes import numpy_dtype
 from ..base.messages import first_line
+from .admin import model_ready
 from .processes import stubs
 from .workarounds import DEAD_STUB, PROBE_BUSY
 
@@ -307,12 +306,9 @@ class Watchdog(threading.Thread):
 
     def _is_ready(self, model: str) -> bool:
         # Plain HTTP, not self._client: the looks run on both threads, and the probes' client
-        # (geventhttpclient) stays on the probes' thread.
-        try:
-            with urllib.request.urlopen(f"http://{self._url}/v2/models/{model}/ready", timeout=self._timeout) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):  # a server that does not answer has no model to reload
-            return False
+        # (geventhttpclient) stays on the probes' thread. A server that does not answer has no
+        # model to reload.
+        return model_ready(self._url, model, self._timeout)
 
     def _probe(self, model: str, inputs: list) -> str | None:
         """Probe `model`; the model whose stub the answer reports dead, or None."""
