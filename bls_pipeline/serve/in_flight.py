@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..base.statistics import summed
+
 __all__ = ["PENDING_GAUGE", "QUIET_S", "HeldStubs", "QuietWatch", "Snapshot", "answered_counts", "pending_count", "quiet", "read_snapshot", "stub_cpu_ticks"]
 
 PENDING_GAUGE = "nv_inference_pending_request_count"
@@ -57,12 +59,8 @@ def pending_count(metrics_text: str) -> float | None:
 
 def answered_counts(stats: dict) -> dict[str, int]:
     """{model: requests finished (success + fail)} from /v2/models/stats, versions added up."""
-    counts: dict[str, int] = {}
-    for entry in stats.get("model_stats", ()):
-        inference = entry.get("inference_stats") or {}
-        done = sum(int((inference.get(key) or {}).get("count", 0)) for key in ("success", "fail"))
-        counts[entry["name"]] = counts.get(entry["name"], 0) + done
-    return counts
+    failed = summed(stats, "fail")
+    return {model: count + failed[model] for model, count in summed(stats, "success").items()}
 
 
 def stub_cpu_ticks(pids) -> dict[int, int]:

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from ..adapter.queue_waits import QueueWaitWriter
+from ..base.statistics import summed
 from ..runtime.admit.admission import QueueReading
 
 __all__ = ["POLL_S", "QueueMonitor", "QueueWindows"]
@@ -47,12 +48,8 @@ class QueueWindows:
 def queue_totals(stats: dict) -> dict[str, tuple[int, int]]:
     """{model: (requests that left its queue, their wait in ns)} from Triton's statistics
     (/v2/models/stats), its versions added up."""
-    totals: dict[str, tuple[int, int]] = {}
-    for entry in stats.get("model_stats", ()):
-        queue = (entry.get("inference_stats") or {}).get("queue") or {}
-        count, ns = totals.get(entry["name"], (0, 0))
-        totals[entry["name"]] = (count + int(queue.get("count", 0)), ns + int(queue.get("ns", 0)))
-    return totals
+    ns = summed(stats, "queue", "ns")
+    return {model: (count, ns[model]) for model, count in summed(stats, "queue").items()}
 
 
 class QueueMonitor:

@@ -46,6 +46,7 @@ from ..stages.preprocess import PreprocessSpec, preprocess_into
 from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, model_statistics, outcome_of_exception
 from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import config_variant, parse_config
+from ..base.statistics import COMPUTE, stat
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
 from ..serve.server import ServerOptions, TritonServer, free_port
@@ -327,10 +328,8 @@ def _fed_tensors(target: str) -> bool:
 
 def _server_stats(client, protocol: str, model: str) -> dict[str, int]:
     stats = model_statistics(client, protocol, model)["model_stats"][0]["inference_stats"]
-    pick = lambda k: (int(stats.get(k, {}).get("count", 0)), int(stats.get(k, {}).get("ns", 0)))  # noqa: E731
-    (count, _), (_, queue) = pick("success"), pick("queue")
-    compute = sum(pick(k)[1] for k in ("compute_input", "compute_infer", "compute_output"))
-    return {"count": count, "queue_ns": queue, "compute_ns": compute}
+    compute = sum(stat(stats, k, "ns") for k in COMPUTE)
+    return {"count": stat(stats, "success"), "queue_ns": stat(stats, "queue", "ns"), "compute_ns": compute}
 
 
 def _child_counts(client, protocol: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -338,7 +337,7 @@ def _child_counts(client, protocol: str, models: tuple[str, ...]) -> dict[str, n
     out = {}
     for model in models:
         stats = model_statistics(client, protocol, model)["model_stats"][0]
-        compute = sum(int(stats["inference_stats"].get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+        compute = sum(stat(stats["inference_stats"], k, "ns") for k in COMPUTE)
         out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute], np.float64)
     return out
 

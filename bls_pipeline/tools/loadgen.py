@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..base.messages import QUEUE_FULL, QUEUE_TIMEOUT, REQUEST_ID
+from ..base.statistics import summed
 
 __all__ = ["AioClient", "FinishedCounter", "MetricsUnreadable", "REFUSERS", "TRITON_SUCCESS_COUNTS", "Tally", "backoff_s",
            "closed_loop", "flow_answered", "model_statistics", "outcome_of", "outcome_of_exception", "percentile_ms", "read_metrics"]
@@ -233,8 +234,7 @@ def _triton_success(url: str, protocol: str, model: str) -> float:
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(url)
     try:
-        stats = model_statistics(client, protocol, model)["model_stats"]
-        return float(sum(int(s["inference_stats"].get("success", {}).get("count", 0)) for s in stats))
+        return float(sum(summed(model_statistics(client, protocol, model), "success").values()))
     finally:
         client.close()
 
