@@ -46,7 +46,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -61,7 +60,7 @@ from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..base.dtypes import numpy_dtype
 from ..base.messages import first_line
 from .admin import model_ready
-from .processes import stubs
+from .processes import model_of, stubs
 from .workarounds import DEAD_STUB, PROBE_BUSY
 
 __all__ = ["ProbeBackoff", "ProbeOutcome", "Recovery", "Watchdog", "dead_stub_model"]
@@ -71,8 +70,8 @@ log = logging.getLogger(__name__)
 
 def dead_stub_model(message: str) -> str | None:
     """Model whose stub an error message reports dead ('<model>_<group>_<index>'), or None."""
-    m = DEAD_STUB.search(message)
-    return re.sub(r"_\d+_\d+$", "", m.group("instance")) if m else None
+    instance = dead_stub_instance(message)
+    return (model_of(instance) or instance) if instance is not None else None
 
 
 def dead_stub_instance(message: str) -> str | None:
