@@ -26,7 +26,7 @@ from pathlib import Path
 from .workarounds import STUB_ARGV
 
 __all__ = ["SHM_PREFIX", "Stubs", "become_subreaper", "destruction_began", "die_with_parent", "end_orphans",
-           "is_subreaper", "model_of", "orphan_stubs", "reap_group", "shm_prefix", "stub_instances", "stubs"]
+           "is_subreaper", "model_of", "orphan_stubs", "reap_group", "shm_prefix", "stubs"]
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +89,6 @@ def destruction_began(model: str, before: dict[int, str], now: Stubs) -> bool:
     mine = [pid for pid, instance in before.items() if model_of(instance) == model]
     one_copy = len({before[pid] for pid in mine}) == len(mine) > 0
     return one_copy and any(pid not in now.live and pid not in now.dead for pid in mine)
-
-
-def stub_instances(pgid: int) -> dict[int, str]:
-    """pid -> model instance of every live (not zombie) python stub in process group `pgid`."""
-    return stubs(pgid).live
 
 
 def become_subreaper() -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..runtime.load.loader import is_flow_model
 from ..serve.paths import default_models, default_samples
-from ..serve.processes import stub_instances
+from ..serve.processes import stubs
 from ..serve.repository import Repository
 from ..serve.server import ServerOptions, TritonServer
 from .bench import make_image_set, run_point
@@ -45,7 +45,7 @@ def _smaps_mib(pid: int) -> tuple[float, float]:
 def measure(server: TritonServer) -> list[Footprint]:
     """tritonserver and each of its python stubs: private and shared memory."""
     rows = []
-    for pid, name in {server.pid: "tritonserver", **stub_instances(server.pid)}.items():
+    for pid, name in {server.pid: "tritonserver", **stubs(server.pid).live}.items():
         try:
             private, shared = _smaps_mib(pid)
         except (FileNotFoundError, ProcessLookupError, PermissionError):

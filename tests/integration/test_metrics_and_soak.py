@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.runtime.results import CODES
 from bls_pipeline.serve.client import ClassifyClient
-from bls_pipeline.serve.processes import model_of, stub_instances
+from bls_pipeline.serve.processes import model_of, stubs
 
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"
@@ -109,7 +109,7 @@ def _shm_pool_kib(prefix: str) -> int:
 
 def _processes(server) -> dict[int, str]:
     """tritonserver and its python stubs: pid -> name (model instance for stubs)."""
-    return {server.pid: "tritonserver", **stub_instances(server.pid)}
+    return {server.pid: "tritonserver", **stubs(server.pid).live}
 
 
 def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):

@@ -15,7 +15,7 @@ import tritonclient.http as tc
 
 from bls_pipeline.base.modelconfig import parse_config
 from bls_pipeline.serve import watchdog
-from bls_pipeline.serve.processes import Stubs, model_of, stub_instances, stubs
+from bls_pipeline.serve.processes import Stubs, model_of, stubs
 from bls_pipeline.serve.watchdog import ProbeBackoff, Watchdog, _probe_inputs, dead_stub_model, instance_names
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -135,8 +135,8 @@ def test_a_zombie_never_seen_alive_is_the_instance_with_no_live_stub(dog, monkey
     assert dog._dead_stubs() == ["resnet50_onnx"] and dog.instance_of(99) is None
 
 
-def test_stub_instances_of_a_group_with_none_is_empty():
-    assert stub_instances(os.getpgrp()) == {}  # pytest's own group runs no stub
+def test_the_live_stubs_of_a_group_with_none_are_none():
+    assert stubs(os.getpgrp()).live == {}  # pytest's own group runs no stub
 
 
 def test_stubs_reads_live_and_dead_stubs_of_a_real_group(tmp_path):
