@@ -144,10 +144,6 @@ def _not_a_string(value: Any, whole: bool = False) -> str:
     return ""
 
 
-class _NoParameters(Parameters):
-    pass
-
-
 class RowParameters:
     """The flow's request parameters per row: `batch.params.NAME` is a numpy array, one value
     per row, each its request's."""
