@@ -1,24 +1,20 @@
 """Start a real tritonserver on a model repository, locally, without Docker.
 
-`TritonServer` is what `bls-serve` and the integration tests use. It picks the
-`tritonserver` on PATH (NGC containers) or the binary inside the nvidia-pytriton
-wheel, loads only the models whose backend and artifacts are present (explicit model
-control), binds to 127.0.0.1 by default with the admin APIs behind a key, waits for
-readiness, and on stop leaves no tritonserver, python stub or /dev/shm region behind.
-`bls-serve` (main) serves until SIGTERM or Ctrl-C and starts a tritonserver that died on its
-own, or that stopped answering (liveness.py: it is killed with its group), again, with backoff,
-giving up after too many restarts. A model that fails its load, or whose config.pbtxt does not
-read, is named and left out, the others served (`fail_fast` off: bls-serve's default); with a
-status port, bls-serve's own endpoint answers readiness, what happened to tritonserver, and
-(with request tracing on) latency histograms and the recent requests explained (status.py).
+`TritonServer` is what `bls-serve` (cli.py) and the integration tests use. It starts the
+`tritonserver` binary.py finds (one on PATH in NGC containers, else the nvidia-pytriton wheel's),
+loads only the models whose backend and artifacts are present (explicit model control), binds to
+127.0.0.1 by default with the admin APIs behind a key, waits for readiness, and on stop leaves
+no tritonserver, python stub or /dev/shm region behind. A model that fails its load, or whose
+config.pbtxt does not read, is named and left out, the others served (`fail_fast` off:
+bls-serve's default); with a status port, bls-serve's own endpoint answers readiness, what
+happened to tritonserver, and (with request tracing on) latency histograms and the recent
+requests explained (status.py). A watchdog (watchdog.py) brings back a model whose stub died,
+and a liveness check (liveness.py) marks a tritonserver that stopped answering as hung.
 Its stop is bounded (stopping.py): the drain's limit and STOP_GRACE_S, whatever tritonserver does.
 """
 
 from __future__ import annotations
 
-import argparse
-import enum
-import importlib.util
 import logging
 import os
 import secrets
@@ -26,8 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -41,10 +35,10 @@ from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
 from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin, model_ready
-from .paths import default_models
+from .binary import Binary, available_backends, find_binary, has_gpu
 from . import stopping
 from .liveness import Liveness
-from .processes import (SHM_PREFIX, become_subreaper, die_with_parent, end_orphans, is_subreaper, model_of, reap_group,
+from .processes import (die_with_parent, end_orphans, is_subreaper, model_of, reap_group,
                         shm_prefix, stubs)
 from .followers import FlowRetries
 from .states import ModelStates
@@ -53,7 +47,7 @@ from .status import RESTART_CAUSES, ServerState, StatusServer
 from .tritonlog import LoadFailure, LogPump, LogWatch
 from .watchdog import Watchdog
 
-__all__ = ["ExitCode", "SHM_PREFIX", "ServerOptions", "TritonServer", "embedded_command", "free_port", "main"]
+__all__ = ["ServerOptions", "StopReport", "TritonServer", "free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +64,6 @@ RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 STOP_GRACE_S = 5.0
 # How long a drain keeps asking a tritonserver that does not answer before it kills it.
 UNANSWERED_S = 5.0
-
-
-class ExitCode(enum.IntEnum):
-    """bls-serve's exit status, each a cause."""
-    OK = 0  # stopped with every request in flight answered (a kill after a full drain included)
-    LOST = 1  # stopped without a full drain (requests in flight may have failed), or died with --no-restart
-    START = 2  # could not start (--fail-fast: a model failed its load, or its config.pbtxt does not read)
-    HUNG = 3  # tritonserver stopped answering (at the stop, or with --no-restart): killed with its group
-    GAVE_UP = 4  # tritonserver ended too often: bls-serve gave up restarting it
 
 
 def free_port() -> int:
@@ -154,14 +139,6 @@ class StopReport:
     hung: bool = False  # tritonserver did not answer (the drain, or its exit after SIGTERM): killed
 
 
-@dataclass(frozen=True)
-class _Binary:
-    executable: Path
-    backend_dir: Path | None  # None: the binary's own default (/opt/tritonserver/backends)
-    env: dict[str, str]
-    is_embedded: bool
-
-
 class TritonServer:
     """A tritonserver process; use as a context manager or call start()/stop()."""
 
@@ -181,7 +158,7 @@ class TritonServer:
         self.status: StatusServer | None = None
         self.repository: repository.Repository | None = None
         self._plan: repository.LoadPlan | None = None
-        self._binary: _Binary | None = None
+        self._binary: Binary | None = None
         self.watchdog: Watchdog | None = None
         self.queue_monitor: QueueMonitor | None = None  # Triton's measure of the queues, for the flows' admission
         self.last_stop: StopReport | None = None
@@ -281,12 +258,12 @@ class TritonServer:
             repo = Path(self.options.model_repository).resolve()
         if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
             raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
-        self._binary = _find_binary(self._workdir, self.options.python)
+        self._binary = find_binary(self._workdir, self.options.python)
         self.repository = repository.Repository.read(repo)
         exclude = dict(self.options.exclude)
         if self.options.exclude_baselines:
             exclude = {**self.repository.baselines(self.options.models), **exclude}
-        return repository.plan_loading(self.repository, _available_backends(self._binary),
+        return repository.plan_loading(self.repository, available_backends(self._binary),
                                        only=self.options.models, exclude=exclude)
 
     def start(self, cancel: threading.Event | None = None) -> None:
@@ -367,7 +344,7 @@ class TritonServer:
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             # Pinned (page-locked) staging memory only helps host<->GPU copies; without a GPU
             # its 256 MB pool just fills up under load and shows as resident memory.
-            *([] if _has_gpu() else ["--pinned-memory-pool-byte-size=0"]),
+            *([] if has_gpu() else ["--pinned-memory-pool-byte-size=0"]),
             *traces[1],
             *opts.extra_args,
         ]
@@ -614,9 +591,6 @@ class TritonServer:
         self.unload_model(model)
         self.load_model(model)
 
-    def _triton(self, proc: subprocess.Popen) -> "_StopView":
-        return _StopView(self, proc)
-
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
@@ -664,7 +638,9 @@ class TritonServer:
                                         unanswered=True)
             else:
                 stages = repository.drain_stages(self.repository, self.loaded) if self.repository is not None else []
-                result = stopping.drain(stages, self._triton(proc),
+                metrics = self.metrics_url if "metrics" in _endpoints(proc.args) else None
+                view = stopping.StopView(self.http_url, self.options.admin_key, metrics, proc)
+                result = stopping.drain(stages, view,
                                         began + limit, limit_s=limit, unanswered_s=UNANSWERED_S, exit_timeout_s=limit)
         # Its kept-alive connection would hold tritonserver's exit (Triton waits out its exit
         # timeout for open HTTP connections); after the drain no flow reads its readings.
@@ -755,32 +731,6 @@ class TritonServer:
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
 
 
-class _StopView:
-    """A running tritonserver as stopping.py asks it: each call with a short timeout."""
-
-    CALL_TIMEOUT_S = 2.0
-
-    def __init__(self, server: TritonServer, proc: subprocess.Popen):
-        self._server, self._proc = server, proc
-        self._admin = RepositoryAdmin(server.http_url, server.options.admin_key, timeout_s=self.CALL_TIMEOUT_S)
-
-    def states(self) -> dict[str, str]:
-        return self._admin.states(timeout_s=self.CALL_TIMEOUT_S)
-
-    def unload(self, model: str) -> None:
-        self._admin.unload(model, timeout_s=self.CALL_TIMEOUT_S)
-
-    def stubs(self):
-        return stubs(self._proc.pid)
-
-    def snapshot(self) -> in_flight.Snapshot:
-        metrics = self._server.metrics_url if "metrics" in _endpoints(self._proc.args) else None
-        return in_flight.read_snapshot(time.monotonic(), self._server.http_url, metrics, stubs(self._proc.pid).live)
-
-    def exit_code(self) -> int | None:
-        return self._proc.poll()
-
-
 def _check_ports_free(opts: ServerOptions, status: bool = True) -> None:
     """Fail at once, naming the port, when something already listens there (another Triton
     would otherwise answer our readiness poll and we would serve nothing)."""
@@ -811,10 +761,6 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _has_gpu() -> bool:
-    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
-
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -826,76 +772,6 @@ def _url_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
-def _find_binary(workdir: Path, python: Path | None = None) -> _Binary:
-    env = dict(os.environ)
-    # The python stub embeds libpython with an isolated config (PYTHONPATH is ignored) and
-    # finds its prefix from the first `python3` on PATH: put this interpreter's bin first,
-    # so models import the same bls_pipeline, numpy and torch (a venv's included).
-    if python is not None:
-        _check_same_version(Path(python))
-    env["PATH"] = os.pathsep.join([str(Path(python or sys.executable).parent), env.get("PATH", "")])
-    # glibc malloc gives every busy thread its own arena, and Triton runs many threads:
-    # cap them (set MALLOC_ARENA_MAX yourself to override). The soak test reports the
-    # resident memory this leaves (tests/integration/test_metrics_and_soak.py).
-    env.setdefault("MALLOC_ARENA_MAX", "2")
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        return _Binary(Path(on_path), None, env, is_embedded=False)
-
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "no tritonserver found: none on PATH and the nvidia-pytriton wheel is not installed. "
-            "Install it with: pip install 'bls-pipeline[embedded]' (or run inside an NGC tritonserver container)"
-        )
-    root = Path(spec.submodule_search_locations[0]) / "tritonserver"
-    libs = root.parent.parent / "nvidia_pytriton.libs"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.exists():
-        raise RuntimeError(f"nvidia-pytriton ships no python backend stub for Python {version}")
-    # The backend folder must hold the stub for *this* Python next to libtriton_python.so
-    # (a workdir that has them already keeps them: a running tritonserver may have them mapped).
-    backends = workdir / "backends"
-    if not (backends / "python" / "triton_python_backend_stub").is_file():
-        shutil.copytree(root / "backends" / "python", backends / "python")
-        shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
-    return _Binary(root / "bin" / "tritonserver", backends, env, is_embedded=True)
-
-
-def embedded_command(workdir: Path) -> tuple[list[str], dict[str, str]]:
-    """The tritonserver that bls-serve starts, as a plain command: the executable with the
-    flags it needs before any of yours (the embedded one's python backend, copied into
-    `workdir` with the stub for this Python, once) and its environment (this Python first on
-    PATH, so the models import this environment). For tools that start tritonserver
-    themselves: bls-tritonserver, Model Analyzer's local launch mode."""
-    binary = _find_binary(workdir)
-    backend = [] if binary.backend_dir is None else [f"--backend-directory={binary.backend_dir}"]
-    return [str(binary.executable), *backend], binary.env
-
-
-def _check_same_version(python: Path) -> None:
-    """The stub is built for this Python's version: another Python must be the same."""
-    want = f"{sys.version_info.major}.{sys.version_info.minor}"
-    try:
-        got = subprocess.run([str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except OSError as exc:
-        raise RuntimeError(f"cannot run the models' Python {python}: {exc}") from None
-    if got != want:
-        raise RuntimeError(f"the models' Python {python} is {got or 'not a Python'}; the stub here runs Python {want}")
-
-
-def _available_backends(binary: _Binary) -> set[str]:
-    backend_dir = binary.backend_dir or Path("/opt/tritonserver/backends")
-    if not backend_dir.is_dir():
-        return {"python"}
-    return {p.name for p in backend_dir.iterdir() if p.is_dir()}
-
-
 # ---- bls-serve ----------------------------------------------------------------------
 def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:
     """tritonserver's flags to trace one request in `rate` into `file` (written a trace at a
@@ -905,260 +781,3 @@ def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:
             "--trace-config", f"rate={rate}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1")
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model-repository", type=_repository_arg, default=default_models(),
-                   help="a folder (./models, else the checkout's), or s3://bucket/path or s3://host:port/bucket/path "
-                        "(credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST (KServe v2) port")
-    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
-    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
-    p.add_argument("--models", help="comma-separated models to load, with the models they call (default: all whose parts are present)")
-    p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random per run)")
-    p.add_argument("--with-baselines", action="store_true", help="also load the benchmark baselines (the static ensemble)")
-    p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
-    p.add_argument("--watchdog-interval", type=float, default=2.0,
-                   help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
-    p.add_argument("--trace-rate", type=int, metavar="N",
-                   help="trace one request in N through Triton (TIMESTAMPS): the status port's latency histograms and "
-                        "/requests (bls-explain) then work on those; default: no tracing, as Triton 2.51's tracer can "
-                        "abort tritonserver on any traced request (docs/reliability.md, \"Triton 2.51 workarounds\")")
-    p.add_argument("--trace", metavar="FILE", type=Path,
-                   help="keep Triton's traces (TIMESTAMPS) in FILE.0, FILE.1, ... one JSON list per trace, of every "
-                        "request unless --trace-rate says otherwise; a flow's child calls show under a request's trace "
-                        "(docs/reliability.md, \"Tracing\"); without it, bls-serve reads the traces of --trace-rate "
-                        "for the status port and removes them")
-    p.add_argument("--status-port", type=int, default=8003,
-                   help="bls-serve's own endpoint: /ready (the --ready-for models, and what happened to tritonserver), "
-                        "/metrics (restarts, load failures; latency histograms with --trace-rate), /requests "
-                        "(bls-explain, with --trace-rate); 0: none")
-    p.add_argument("--hang-timeout", type=float, default=8.0, metavar="SECONDS",
-                   help="a tritonserver that answers its liveness endpoint over neither HTTP nor gRPC (each asked every "
-                        "second, 2 s timeout) for this long is killed with its stubs and, with --restart, started "
-                        "again (0: not checked)")
-    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
-                   help="give up (exit 4) when tritonserver has to be restarted more than N times within 10 minutes "
-                        "(0: never give up)")
-    p.add_argument("--ready-for", metavar="MODELS",
-                   help="comma-separated models the status port's /ready follows, and no other (default: --models, "
-                        "else every flow that loaded at start; and any flow loaded later, while it is): READY, and a "
-                        "flow's last watchdog probe answered")
-    p.add_argument("--fail-fast", action="store_true",
-                   help="exit 2 when any model fails its load or its config.pbtxt does not read; by default "
-                        "bls-serve names what failed and serves the rest (docs/reliability.md, \"A model that fails "
-                        "its load\")")
-    p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
-                   help="start tritonserver again when it dies on its own, with the same models (after 1 s, doubling "
-                        f"to 30 s, back to 1 s after {_Backoff.stable_s:.0f} s serving; {RESTARTS_ENV} counts the "
-                        "restarts); --no-restart: bls-serve exits 1 instead. Under an orchestrator that restarts the "
-                        "container (Kubernetes), pass --no-restart: see docs/reliability.md")
-    args = p.parse_args(argv)
-    if args.model_repository is None:
-        p.error("no ./models here and no checkout's models/: pass --model-repository DIR")
-    return args
-
-
-def _repository_arg(value: str) -> Path | str:
-    return value if s3.is_s3(value) else Path(value)
-
-
-@dataclass
-class _Backoff:
-    """Seconds to wait before each restart: first_s, doubling up to cap_s; back to first_s
-    when the server had been serving stable_s or more when it died."""
-    first_s: float = 1.0
-    cap_s: float = 30.0
-    stable_s: float = 60.0
-    _next_s: float | None = None
-
-    def delay(self, uptime_s: float) -> float:
-        if self._next_s is None or uptime_s >= self.stable_s:
-            self._next_s = self.first_s
-        delay, self._next_s = self._next_s, min(self._next_s * 2, self.cap_s)
-        return delay
-
-
-def _exit_cause(code: int | None) -> str:
-    """How a process ended, from its exit status: "died of SIGSEGV", "exited with code 1"."""
-    if code is not None and code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name}"
-        except ValueError:
-            return f"died of signal {-code}"
-    return f"exited with code {code}"
-
-
-@dataclass
-class _Intensity:
-    """Erlang/OTP's restart intensity: more than `most` restarts within `window_s` and bls-serve
-    gives up (0: never), so a server that cannot stay up is not started again forever."""
-    most: int = 5
-    window_s: float = 600.0
-    _at: list = field(default_factory=list)
-
-    def allow(self, now: float) -> bool:
-        self._at = [t for t in self._at if now - t < self.window_s]
-        if self.most and len(self._at) >= self.most:
-            return False
-        self._at.append(now)
-        return True
-
-
-def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity: _Intensity | None = None) -> int | None:
-    """Serve until `stop` is set; start a tritonserver that dies on its own, or hangs (killed
-    with its group), again (with _Backoff, and _Intensity's limit: then ExitCode.GAVE_UP), or
-    return ExitCode.LOST (died) or HUNG (hung) when `restart` is off. None: stopped."""
-    backoff, intensity = _Backoff(), intensity or _Intensity()
-    while True:
-        while server.running() and not server.hung and not stop.is_set():
-            server.woken.wait(0.2)
-        if stop.is_set():
-            return None
-        died_at, uptime = time.monotonic(), server.uptime_s
-        fatal = server.log_watch.fatal
-        said = f"; its log's last fatal line: {fatal}" if fatal else ""
-        if server.hung:
-            cause, what, said = "hung", f"did not answer ({server.hung}) and was killed with its group", ""
-            server.kill()
-        else:
-            code = server.returncode
-            cause = "crashed" if code is not None and code < 0 else "exited"
-            what = _exit_cause(code)
-        server.log_watch.fatal = None  # said once
-        server.condition = f"tritonserver {what}"
-        server.stop(final=False)  # what it left: its stubs, /dev/shm regions, the watchdog on it
-        if not restart:
-            code = ExitCode.HUNG if cause == "hung" else ExitCode.LOST
-            log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "--no-restart: bls-serve exits %d%s", what, uptime, code, said)
-            return code
-        while True:
-            if not intensity.allow(time.monotonic()):
-                server.condition = (f"bls-serve gave up: tritonserver ended {intensity.most} times within "
-                                    f"{intensity.window_s:.0f} s, the last {what}")
-                log.error("%s; bls-serve exits %d (restarts by cause: %s)", server.condition, ExitCode.GAVE_UP,
-                          ", ".join(f"{c} {n}" for c, n in server.restart_causes.items()))
-                return ExitCode.GAVE_UP
-            delay = backoff.delay(uptime)
-            server.condition = f"tritonserver {what}; restarting it in {delay:.0f} s (restart {server.restarts + 1})"
-            log.error("tritonserver %s after %.0f s serving, not on a stop: the requests in flight were lost; "
-                      "restarting it in %.0f s (restart %d, %s=%d)%s", what, uptime, delay, server.restarts + 1,
-                      RESTARTS_ENV, server.restarts + 1, said)
-            said = ""
-            if stop.wait(delay):
-                return None
-            server.restart_causes[cause] += 1
-            server.condition = f"tritonserver {what}; starting it again (restart {server.restarts + 1})"
-            try:
-                server.restart(cancel=stop)
-                break
-            except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-                if stop.is_set():
-                    return None
-                cause, what, uptime = "start_failed", f"could not be started again ({exc})", 0.0
-        log.warning("tritonserver restarted (restart %d, %s=%d): serving %s again, %.1f s after it %s",
-                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded), time.monotonic() - died_at,
-                    "was killed" if cause == "hung" else "died")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """bls-serve; its exit status is an ExitCode: 0 once stopped (SIGTERM, Ctrl-C) with every
-    request in flight answered (tritonserver drained, even if it had to be killed after for a
-    copy a dead stub left stuck, or a model Triton held); 1 when the stop could not drain, or
-    tritonserver died on its own with --no-restart; 2 when it could not start (with
-    --fail-fast: any model failed its load, or its config.pbtxt does not read); 3 when
-    tritonserver stopped answering (at the stop, or with --no-restart) and was killed; 4 when
-    it ended too often and bls-serve gave up restarting it."""
-    args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = ServerOptions(
-        model_repository=args.model_repository,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        models=tuple(args.models.split(",")) if args.models else None,
-        log_verbose=args.log_verbose,
-        watchdog_interval_s=args.watchdog_interval,
-        fail_fast=args.fail_fast,
-        status_port=args.status_port or None,
-        ready_for=tuple(args.ready_for.split(",")) if args.ready_for else None,
-        trace_rate=args.trace_rate if args.trace_rate is not None else (1 if args.trace else 0),
-        trace_file=args.trace,
-        hang_timeout_s=args.hang_timeout,
-        die_with_parent=True,  # started from this, the main thread: a bls-serve killed takes tritonserver along
-    )
-    if args.admin_key:
-        opts.admin_key = args.admin_key
-    opts.exclude_baselines = not args.with_baselines
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    server = TritonServer(opts)
-    try:
-        server.start(cancel=stop)
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
-        server.stop()  # start() stopped what it started; this only makes sure
-        if stop.is_set():
-            log.info("stopped while tritonserver was starting")
-            return ExitCode.OK
-        print(f"bls-serve: error: {exc}", file=sys.stderr)
-        return ExitCode.START
-    # The stubs of a tritonserver that crashed or was killed become bls-serve's children, to
-    # reap at once: in a container bls-serve is PID 1 (the entrypoint execs it), and otherwise
-    # init would reap them when it gets to it.
-    if not become_subreaper():
-        log.warning("this kernel refused to make bls-serve a child subreaper: init reaps the stubs of a killed tritonserver")
-    if opts.trace_rate:
-        log.warning("request tracing is on (one request in %d): on Triton 2.51 a traced request can abort tritonserver "
-                    "(docs/reliability.md, \"Triton 2.51 workarounds\")", opts.trace_rate)
-    outcome = None
-    try:
-        where = opts.model_repository if s3.is_s3(opts.model_repository) else Path(opts.model_repository).resolve()
-        print(f"Serving {', '.join(server.loaded)} from {where}")
-        for name, why in server.skipped.items():
-            print(f"  not loaded: {name} ({why})")
-        for name, why in server.failed.items():
-            print(f"  FAILED to load: {name} ({first_line(why)}); its callers answer 500 naming it")
-        print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
-        if server.status_url:
-            also = "" if opts.ready_for else ", and every flow loaded later while it is"
-            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}{also}; /metrics; /requests)")
-        print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
-              f"metadata {GRPC_ADMIN_HEADER} over gRPC")
-        print("Ctrl-C to stop.", flush=True)
-        outcome = _serve(server, stop, args.restart, _Intensity(most=args.max_restarts))
-    finally:
-        was_serving = server.running()
-        code = server.stop()
-    report = server.last_stop
-    if outcome is not None:
-        return outcome
-    if not was_serving:  # it had died and was not started again yet: nothing was in flight
-        log.info("stopped while tritonserver was down")
-        return ExitCode.OK
-    if report.hung:
-        log.error("tritonserver did not answer at the stop (%s): it was killed with its group (exit code %s)%s; "
-                  "bls-serve exits %d", report.reason, code,
-                  "" if report.drained else ", requests in flight may have failed", ExitCode.HUNG)
-        return ExitCode.HUNG
-    if report.held:
-        log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
-                    "for %s, which Triton kept live with nothing in flight", code, ", ".join(report.held))
-        return ExitCode.OK
-    if report.stuck:
-        log.warning("tritonserver stopped after a full drain: nothing in flight was lost; it was killed (exit code %s) "
-                    "for %d model copy(ies) a dead python stub left stuck", code, len(report.stuck))
-        return ExitCode.OK
-    if not report.drained and code != 0:
-        log.error("tritonserver stopped without a full drain (exit code %s; %s): requests in flight may have failed; "
-                  "bls-serve exits %d", code, report.reason or "the drain failed", ExitCode.LOST)
-        return ExitCode.LOST
-    log.info("tritonserver stopped (exit code %s)", code)
-    return ExitCode.OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

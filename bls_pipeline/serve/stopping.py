@@ -1,6 +1,7 @@
 """Stopping a tritonserver: the drain, the models it holds, the terminate. Pure over what it is
 given: Triton's admin answers, the stubs in its group, its in-flight snapshots, the clock, the
-process (`Triton`, `Process`); TritonServer.stop (server.py) hands them in, unit tests fake them.
+process (`Triton`, `Process`); TritonServer.stop (server.py) hands them in (StopView: a running
+tritonserver), unit tests fake them.
 
 The drain unloads callers before the models they call (repository.drain_stages): a stage's
 models are done with their requests once Triton begins to destroy them, which it does only
@@ -29,10 +30,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from . import in_flight
-from .processes import Stubs, destruction_began
+from .admin import RepositoryAdmin
+from .processes import Stubs, destruction_began, stubs
 from .workarounds import HELD_GRACE_S, LEAKED_GRACE_S
 
-__all__ = ["Drain", "Terminated", "drain", "stuck_copies", "terminate"]
+__all__ = ["Drain", "StopView", "Terminated", "drain", "stuck_copies", "terminate"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,32 @@ class Triton(Protocol):
     def stubs(self) -> Stubs: ...
     def snapshot(self) -> in_flight.Snapshot: ...
     def exit_code(self) -> int | None: ...  # None while it runs
+
+
+class StopView:
+    """A running tritonserver as the stop asks it (the Triton protocol): each call with a
+    short timeout. metrics_url: its metrics endpoint, None where it opened none."""
+
+    CALL_TIMEOUT_S = 2.0
+
+    def __init__(self, http_url: str, admin_key: str, metrics_url: str | None, proc: subprocess.Popen):
+        self._http_url, self._metrics_url, self._proc = http_url, metrics_url, proc
+        self._admin = RepositoryAdmin(http_url, admin_key, timeout_s=self.CALL_TIMEOUT_S)
+
+    def states(self) -> dict[str, str]:
+        return self._admin.states(timeout_s=self.CALL_TIMEOUT_S)
+
+    def unload(self, model: str) -> None:
+        self._admin.unload(model, timeout_s=self.CALL_TIMEOUT_S)
+
+    def stubs(self) -> Stubs:
+        return stubs(self._proc.pid)
+
+    def snapshot(self) -> in_flight.Snapshot:
+        return in_flight.read_snapshot(time.monotonic(), self._http_url, self._metrics_url, stubs(self._proc.pid).live)
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
 
 
 class Process(Protocol):

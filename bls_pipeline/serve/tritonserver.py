@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import repository
 from ..base.messages import first_line
-from .server import embedded_command
+from .binary import embedded_command
 
 __all__ = ["main"]
 

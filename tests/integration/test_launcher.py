@@ -20,9 +20,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.serve import server as server_module
+from bls_pipeline.serve.admin import ADMIN_HEADER
+from bls_pipeline.serve.processes import SHM_PREFIX
 from bls_pipeline.serve.repository import Repository
-from bls_pipeline.serve.server import (ADMIN_HEADER, GRPC_ADMIN_HEADER, SHM_PREFIX, ServerOptions, TritonServer,
-                                       _kill_group as kill_group, free_port)
+from bls_pipeline.serve.server import GRPC_ADMIN_HEADER, ServerOptions, TritonServer, _kill_group as kill_group, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +202,7 @@ def test_bls_serve_binds_the_host_it_is_given_and_ctrl_c_leaves_nothing(model_re
     """--host 127.0.0.2 (loopback too: nothing leaves the machine) reaches all three listeners;
     Ctrl-C drains and stops, leaving no tritonserver, stub or /dev/shm region."""
     host, ports = "127.0.0.2", (free_port(), free_port(), free_port())
-    cmd = [sys.executable, "-c", "import sys; from bls_pipeline.serve.server import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from bls_pipeline.serve.cli import main; sys.exit(main())",
            "--model-repository", str(model_repo), "--models", "resnet50_onnx", "--host", host,
            "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
            "--status-port", str(free_port()), "--watchdog-interval", "0"]

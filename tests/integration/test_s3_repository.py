@@ -166,7 +166,7 @@ def test_a_missing_region_is_a_clear_error(s3_endpoint, aws_env, monkeypatch, tm
             server.start()
         finally:
             server.stop()
-    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.serve.server", "--model-repository", url],
+    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.serve.cli", "--model-repository", url],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "bls-serve: error: no AWS region: set AWS_DEFAULT_REGION" in proc.stderr, proc.stderr

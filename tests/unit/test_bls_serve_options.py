@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from bls_pipeline.serve import server
+from bls_pipeline.serve import cli, server
+from bls_pipeline.serve.status import RESTART_CAUSES
+from bls_pipeline.serve.tritonlog import LogWatch
 
 
 @pytest.fixture
@@ -31,14 +33,14 @@ def launched(monkeypatch) -> list:
         def stop(self):
             return None
 
-    monkeypatch.setattr(server, "TritonServer", RefusesToStart)
+    monkeypatch.setattr(cli, "TritonServer", RefusesToStart)
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # bls-serve's Ctrl-C handler stays out of pytest
     return seen
 
 
 def test_bls_serve_binds_loopback_unless_given_a_host(launched, tmp_path, capsys):
-    assert server.main(["--model-repository", str(tmp_path)]) == 2
-    assert server.main(["--model-repository", str(tmp_path), "--host", "127.0.0.2", "--http-port", "9000",
+    assert cli.main(["--model-repository", str(tmp_path)]) == 2
+    assert cli.main(["--model-repository", str(tmp_path), "--host", "127.0.0.2", "--http-port", "9000",
                         "--models", "resnet50_onnx,classify_bls", "--admin-key", "k"]) == 2
     default, given = launched
     assert (default.host, default.http_port, default.grpc_port, default.metrics_port) == ("127.0.0.1", 8000, 8001, 8002)
@@ -48,8 +50,8 @@ def test_bls_serve_binds_loopback_unless_given_a_host(launched, tmp_path, capsys
 
 
 def test_trace_keeps_tritons_traces_in_the_file(launched, tmp_path):
-    assert server.main(["--model-repository", str(tmp_path), "--trace", str(tmp_path / "trace.json")]) == 2
-    assert server.main(["--model-repository", str(tmp_path)]) == 2
+    assert cli.main(["--model-repository", str(tmp_path), "--trace", str(tmp_path / "trace.json")]) == 2
+    assert cli.main(["--model-repository", str(tmp_path)]) == 2
     traced, plain = launched
     assert traced.trace_file == tmp_path / "trace.json" and plain.trace_file is None
     args = server.trace_args(tmp_path / "trace.json")
@@ -59,8 +61,8 @@ def test_trace_keeps_tritons_traces_in_the_file(launched, tmp_path):
 
 
 def test_bls_serve_serves_what_loads_and_has_a_status_port_unless_told_otherwise(launched, tmp_path):
-    assert server.main(["--model-repository", str(tmp_path)]) == 2
-    assert server.main(["--model-repository", str(tmp_path), "--fail-fast", "--status-port", "0",
+    assert cli.main(["--model-repository", str(tmp_path)]) == 2
+    assert cli.main(["--model-repository", str(tmp_path), "--fail-fast", "--status-port", "0",
                         "--ready-for", "classify_bls,read_text"]) == 2
     default, given = launched
     assert (default.fail_fast, default.status_port, default.ready_for) == (False, 8003, None)
@@ -86,20 +88,20 @@ def test_start_waits_for_each_endpoint_the_command_line_opens():
 # ---- a tritonserver that dies on its own ---------------------------------------------------------
 
 def test_restart_backoff_doubles_to_30_s_and_starts_over_after_a_stable_minute():
-    backoff = server._Backoff()
+    backoff = cli._Backoff()
     assert [backoff.delay(uptime_s=5) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     assert backoff.delay(uptime_s=60) == 1 and backoff.delay(uptime_s=0) == 2
 
 
 def test_exit_cause_names_the_signal():
-    assert server._exit_cause(-signal.SIGSEGV) == "died of SIGSEGV"
-    assert server._exit_cause(-signal.SIGKILL) == "died of SIGKILL"
-    assert server._exit_cause(1) == "exited with code 1"
+    assert cli._exit_cause(-signal.SIGSEGV) == "died of SIGSEGV"
+    assert cli._exit_cause(-signal.SIGKILL) == "died of SIGKILL"
+    assert cli._exit_cause(1) == "exited with code 1"
 
 
 def test_restart_is_on_unless_no_restart(tmp_path):
-    assert server._parse_args(["--model-repository", str(tmp_path)]).restart is True
-    assert server._parse_args(["--model-repository", str(tmp_path), "--no-restart"]).restart is False
+    assert cli._parse_args(["--model-repository", str(tmp_path)]).restart is True
+    assert cli._parse_args(["--model-repository", str(tmp_path), "--no-restart"]).restart is False
 
 
 class DiesOnItsOwn:
@@ -112,9 +114,9 @@ class DiesOnItsOwn:
         self.failed_once, self.hangs, self.serves_after = False, hangs, serves_after
         self.hung = "no answer over HTTP for 8.0 s (timed out)" if hangs and deaths else None
         self.woken = threading.Event()
-        self.restart_causes = dict.fromkeys(server.RESTART_CAUSES, 0)
+        self.restart_causes = dict.fromkeys(RESTART_CAUSES, 0)
         self.condition = None
-        self.log_watch = server.LogWatch()
+        self.log_watch = LogWatch()
 
     def running(self) -> bool:
         return self.deaths == 0 or self.hangs
@@ -140,15 +142,15 @@ class DiesOnItsOwn:
 
 @pytest.fixture
 def quick_backoff(monkeypatch):
-    backoff = server._Backoff
-    monkeypatch.setattr(server, "_Backoff", lambda: backoff(first_s=0.01, cap_s=0.04))
+    backoff = cli._Backoff
+    monkeypatch.setattr(cli, "_Backoff", lambda: backoff(first_s=0.01, cap_s=0.04))
 
 
 def test_bls_serve_restarts_a_server_that_died_until_it_serves(quick_backoff, caplog):
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=2)
     caplog.set_level("INFO")
-    assert server._serve(fake, stop, restart=True) is None  # stopped
+    assert cli._serve(fake, stop, restart=True) is None  # stopped
     assert fake.restarts == 3 and fake.stops == [False, False]  # restart 1 failed; what each death left is cleared
     assert fake.restart_causes == {"crashed": 2, "exited": 0, "hung": 0, "start_failed": 1}
     deaths = [r.getMessage() for r in caplog.records if "not on a stop" in r.getMessage()]
@@ -164,7 +166,7 @@ def test_a_server_that_hangs_is_killed_and_restarted_with_its_cause(quick_backof
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=1, hangs=True)
     caplog.set_level("INFO")
-    assert server._serve(fake, stop, restart=True) is None
+    assert cli._serve(fake, stop, restart=True) is None
     assert fake.kills == 1 and fake.restarts == 2
     assert fake.restart_causes == {"crashed": 0, "exited": 0, "hung": 1, "start_failed": 1}
     assert "tritonserver did not answer (no answer over HTTP for 8.0 s (timed out)) and was killed with its group" in caplog.text
@@ -174,36 +176,36 @@ def test_a_server_that_hangs_is_killed_and_restarted_with_its_cause(quick_backof
 def test_a_restart_loop_backs_off_and_gives_up_visibly(quick_backoff, caplog):
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=1, serves_after=False)  # every restart fails to start, or dies again
-    code = server._serve(fake, stop, restart=True, intensity=server._Intensity(most=3, window_s=600))
-    assert code == server.ExitCode.GAVE_UP == 4
+    code = cli._serve(fake, stop, restart=True, intensity=cli._Intensity(most=3, window_s=600))
+    assert code == cli.ExitCode.GAVE_UP == 4
     assert fake.restarts == 3 and sum(fake.restart_causes.values()) == 3
     assert fake.condition.startswith("bls-serve gave up: tritonserver ended 3 times within 600 s")
     assert "bls-serve exits 4 (restarts by cause: crashed 2, exited 0, hung 0, start_failed 1)" in caplog.text
 
 
 def test_restart_intensity_counts_only_the_window():
-    intensity = server._Intensity(most=2, window_s=10)
+    intensity = cli._Intensity(most=2, window_s=10)
     assert intensity.allow(0) and intensity.allow(1) and not intensity.allow(2)
     assert intensity.allow(11.5)  # the first two are out of the window
-    assert server._Intensity(most=0).allow(0)  # 0: never gives up
+    assert cli._Intensity(most=0).allow(0)  # 0: never gives up
 
 
 def test_no_restart_exits_1_when_the_server_dies(quick_backoff, caplog):
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=1)
-    assert server._serve(fake, stop, restart=False) == 1
+    assert cli._serve(fake, stop, restart=False) == 1
     assert fake.restarts == 0 and fake.stops == [False]
     assert "tritonserver died of SIGSEGV after 2 s serving, not on a stop" in caplog.text and "--no-restart" in caplog.text
 
 
 def test_a_stop_during_the_backoff_ends_bls_serve_at_once(monkeypatch):
-    backoff = server._Backoff
-    monkeypatch.setattr(server, "_Backoff", lambda: backoff(first_s=60))
+    backoff = cli._Backoff
+    monkeypatch.setattr(cli, "_Backoff", lambda: backoff(first_s=60))
     stop = threading.Event()
     fake = DiesOnItsOwn(stop, deaths=1)
     threading.Timer(0.3, stop.set).start()
     began = time.monotonic()
-    assert server._serve(fake, stop, restart=True) is None
+    assert cli._serve(fake, stop, restart=True) is None
     assert time.monotonic() - began < 30 and fake.restarts == 0
 
 

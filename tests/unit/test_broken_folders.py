@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.base.modelconfig import ConfigFileError, parse_config
-from bls_pipeline.serve import server
+from bls_pipeline.serve import cli
 from bls_pipeline.serve.repository import Repository, config_problems, plan_loading
 from bls_pipeline.serve.states import ModelStates
 
@@ -119,11 +119,11 @@ def test_bls_serve_fail_fast_exits_2_naming_the_file_and_leaves_no_temporary_fol
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # bls-serve's Ctrl-C handler stays out of pytest
-    assert server.main(["--model-repository", str(repo), "--fail-fast"]) == 2
+    assert cli.main(["--model-repository", str(repo), "--fail-fast"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("bls-serve: error: cannot read the config of broken") and "config.pbtxt:3:20: " in err
     assert list(temp.iterdir()) == []
     # Nor on a start that fails in its plan: the temporary folder goes with the error.
-    assert server.main(["--model-repository", str(repo), "--models", "nosuch"]) == 2
+    assert cli.main(["--model-repository", str(repo), "--models", "nosuch"]) == 2
     assert list(temp.iterdir()) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.serve import client, server
+from bls_pipeline.serve import cli, client
 from bls_pipeline.tools import demo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def test_bls_serve_refuses_a_taken_port_at_once_naming_it(tmp_path, capsys):
     taken = _listening_port()
     port = taken.getsockname()[1]
     try:
-        code = server.main(["--model-repository", str(REPO / "models"), "--http-port", str(port), "--grpc-port", "0",
+        code = cli.main(["--model-repository", str(REPO / "models"), "--http-port", str(port), "--grpc-port", "0",
                             "--metrics-port", "0", "--watchdog-interval", "0"])
     finally:
         taken.close()
@@ -38,7 +38,7 @@ def test_bls_serve_refuses_a_taken_port_at_once_naming_it(tmp_path, capsys):
 
 
 def test_bls_serve_without_a_repository_says_what_to_pass(tmp_path, capsys):
-    code = server.main(["--model-repository", str(tmp_path / "nowhere")])
+    code = cli.main(["--model-repository", str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().count("\n") == 0
     assert f"bls-serve: error: no model repository at {tmp_path / 'nowhere'}: pass --model-repository DIR" in err
@@ -46,7 +46,7 @@ def test_bls_serve_without_a_repository_says_what_to_pass(tmp_path, capsys):
 
 def test_bls_serve_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
-        server.main(["--help"])
+        cli.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 127.0.0.1)" in out and "(default: 8000)" in out and "(default: 2.0)" in out
 
