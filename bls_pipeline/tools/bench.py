@@ -49,7 +49,8 @@ from ..base.modelconfig import config_variant, parse_config
 from ..base.statistics import COMPUTE, stat
 from ..serve.repository import export_hint
 from ..serve.paths import checkout, default_models, default_samples, shared_mug
-from ..serve.server import ServerOptions, TritonServer, free_port
+from ..serve.options import ServerOptions, free_port
+from ..serve.server import TritonServer
 
 __all__ = ["bench_repository", "build_request", "main", "make_image_set", "run_point", "tensor_set"]
 

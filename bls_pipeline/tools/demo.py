@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ..runtime.load.loader import declared_in_process
 from ..serve.client import classify_files, find_images, format_table
-from ..serve.server import ServerOptions, TritonServer
+from ..serve.options import ServerOptions
+from ..serve.server import TritonServer
 from ..serve.repository import export_hint
 from ..serve.paths import default_models, default_samples
 

@@ -23,7 +23,8 @@ from ..runtime.load.loader import is_flow_model
 from ..serve.paths import default_models, default_samples
 from ..serve.processes import stubs
 from ..serve.repository import Repository
-from ..serve.server import ServerOptions, TritonServer
+from ..serve.options import ServerOptions
+from ..serve.server import TritonServer
 from .bench import make_image_set, run_point
 
 __all__ = ["Footprint", "main", "measure"]

@@ -239,7 +239,8 @@ def _echo(url: str, model: str) -> dict:
 
 
 def cmd_stub_check(args) -> int:
-    from ..serve.server import ServerOptions, TritonServer
+    from ..serve.options import ServerOptions
+    from ..serve.server import TritonServer
 
     kinds = {"echo_cpu": "KIND_CPU"} if args.device == "cpu" else {"echo_cpu": "KIND_CPU", "echo_gpu": "KIND_GPU"}
     work = Path(tempfile.mkdtemp(prefix="bls-stub-check-"))
@@ -537,7 +538,8 @@ def gpu_memory(loaded: tuple[str, ...]) -> dict:
 
 
 def cmd_serve(args) -> int:
-    from ..serve.server import ServerOptions, TritonServer
+    from ..serve.options import ServerOptions
+    from ..serve.server import TritonServer
 
     gpu = args.device == "cuda"
     deadline = time.monotonic() + args.time_budget if args.time_budget else None

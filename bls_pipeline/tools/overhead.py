@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     args = p.parse_args(argv)
 
-    from ..serve.server import ServerOptions, TritonServer
+    from ..serve.options import ServerOptions
+    from ..serve.server import TritonServer
 
     workdir = Path(tempfile.mkdtemp(prefix="bls-overhead-"))
     try:

@@ -263,7 +263,8 @@ def _point(target: str, concurrency: int, row: dict[str, float]) -> PerfPoint:
 # ---- bls-perf compare: both tools, the same targets, one server, one run ------------------
 def _compare_main(args: argparse.Namespace) -> int:
     from . import bench
-    from ..serve.server import ServerOptions, TritonServer
+    from ..serve.options import ServerOptions
+    from ..serve.server import TritonServer
 
     targets = [t for t in args.targets.split(",") if t]
     unfit = [t for t in targets if t.startswith("classifier") or t in bench.REGION_TARGETS]

@@ -165,7 +165,8 @@ def report(traces: dict[str, list[dict[str, int]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..serve.server import ServerOptions, TritonServer
+    from ..serve.options import ServerOptions
+    from ..serve.server import TritonServer
 
     p = argparse.ArgumentParser(prog="bls-trace", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=300, help="measured requests per path")

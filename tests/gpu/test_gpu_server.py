@@ -18,7 +18,8 @@ REQUIRES = ("cuda", "server")
 
 @pytest.fixture(scope="module")
 def gpu_server(resnet50_artifacts, tmp_path_factory, repo_root):
-    from bls_pipeline.serve.server import ServerOptions, TritonServer
+    from bls_pipeline.serve.options import ServerOptions
+    from bls_pipeline.serve.server import TritonServer
 
     base = tmp_path_factory.mktemp("gpu_repo")
     src = base / "src"

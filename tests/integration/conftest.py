@@ -23,7 +23,8 @@ import pytest
 from google.protobuf import text_format
 
 from bls_pipeline.base.modelconfig import ModelConfig, config_variant
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 from bls_pipeline.tools import bench
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from bls_pipeline.serve.client import tritonclient_module
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 
 from polling import get
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 
 pytestmark = pytest.mark.integration
 

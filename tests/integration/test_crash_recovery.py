@@ -27,7 +27,7 @@ from PIL import Image
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.contract import RESTARTS_ENV
 from bls_pipeline.serve.processes import SHM_PREFIX, stubs
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 from test_faults import BACKUP, FAILOVER, MAIN, STOP_S, Traffic, _group_exists
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,8 @@ import pytest
 from bls_pipeline.base.modelconfig import RELOAD_KEY
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 from test_crash_recovery import SERVING, BlsServe, _shm_regions
 from test_faults import FAILOVER, MAIN, Traffic, _group_exists
 

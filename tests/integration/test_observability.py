@@ -32,7 +32,8 @@ from google.protobuf import text_format
 
 from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import ClassifyClient, tritonclient_module
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 
 from polling import eventually, get
 

@@ -32,7 +32,8 @@ from tritonclient.utils import InferenceServerException
 from bls_pipeline.contract import IMAGE
 from bls_pipeline.base.modelconfig import ModelConfig, config_variant
 from bls_pipeline.serve.client import tritonclient_module
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 
 from polling import eventually
 

@@ -24,7 +24,7 @@ from docblocks import REPO, commands, run_block, user_checkout
 from polling import eventually, scrape
 
 from bls_pipeline.runtime.load.loader import is_flow_model
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 from bls_pipeline.tools import perf
 
 pytestmark = pytest.mark.integration

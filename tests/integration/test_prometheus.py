@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.serve.client import ClassifyClient
-from bls_pipeline.serve.server import ServerOptions, TritonServer, free_port
+from bls_pipeline.serve.options import ServerOptions, free_port
+from bls_pipeline.serve.server import TritonServer
 from tritonclient.utils import InferenceServerException
 
 from polling import eventually

@@ -21,7 +21,8 @@ import pytest
 
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.s3 import PLACEHOLDER, S3Error, check_access, publish
-from bls_pipeline.serve.server import ServerOptions, TritonServer
+from bls_pipeline.serve.options import ServerOptions
+from bls_pipeline.serve.server import TritonServer
 from docblocks import copy_shipped_models
 
 REGION = "us-east-1"  # any name works on moto; Triton and boto3 need one

@@ -20,7 +20,8 @@ import pytest
 
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.s3 import publish
-from bls_pipeline.serve.server import ServerOptions, TritonServer
+from bls_pipeline.serve.options import ServerOptions
+from bls_pipeline.serve.server import TritonServer
 from bls_pipeline.tools.pack_env import EXECUTION_ENV_PARAMETER, pack, this_python
 
 pytestmark = pytest.mark.integration

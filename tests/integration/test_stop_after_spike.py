@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 
 from polling import eventually
 

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bls_pipeline.serve.server import free_port
+from bls_pipeline.serve.options import free_port
 from bls_pipeline.tools import openloop, overload
 from bls_pipeline.tools.loadgen import (TRITON_SUCCESS_COUNTS, FinishedCounter, MetricsUnreadable, Tally, flow_answered,
                                         outcome_of)

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from bls_pipeline.serve import cli, server
+from bls_pipeline.serve.options import ServerOptions
 from bls_pipeline.serve.status import RESTART_CAUSES
 from bls_pipeline.serve.tritonlog import LogWatch
 
@@ -67,11 +68,11 @@ def test_bls_serve_serves_what_loads_and_has_a_status_port_unless_told_otherwise
     default, given = launched
     assert (default.fail_fast, default.status_port, default.ready_for) == (False, 8003, None)
     assert (given.fail_fast, given.status_port, given.ready_for) == (True, None, ("classify_bls", "read_text"))
-    assert server.ServerOptions(tmp_path).fail_fast  # a tool or a test that needs every model: the start fails
+    assert ServerOptions(tmp_path).fail_fast  # a tool or a test that needs every model: the start fails
 
 
 def test_the_launcher_defaults_to_loopback(tmp_path):
-    options = server.ServerOptions.on_free_ports(tmp_path, None)
+    options = ServerOptions.on_free_ports(tmp_path, None)
     assert options.host == "127.0.0.1"
     assert server.TritonServer(options).http_url.startswith("127.0.0.1:")
 
@@ -214,7 +215,7 @@ def test_a_random_admin_key_reads_as_a_value_on_any_command_line(tmp_path):
     64 of token_urlsafe's did, and the rollout tests failed on it)."""
     from bls_pipeline.serve.rollout import main as rollout_main
 
-    keys = {server.ServerOptions(tmp_path).admin_key for _ in range(2000)}
+    keys = {ServerOptions(tmp_path).admin_key for _ in range(2000)}
     assert len(keys) == 2000 and all(len(k) == 32 and k.isalnum() for k in keys)
     with pytest.raises(SystemExit) as refused:
         rollout_main(["m", "2", "--admin-key", "-" + next(iter(keys))[1:]])

@@ -35,7 +35,7 @@ def test_the_servers_the_run_blocks_start_take_ports_of_their_own():
     to be ready waits forever (seen with the status port, 8003)."""
     import re
 
-    from bls_pipeline.serve.server import ServerOptions
+    from bls_pipeline.serve.options import ServerOptions
 
     defaults = {"http": 8000, "grpc": 8001, "metrics": 8002, "status": 8003}
     assert {k: getattr(ServerOptions(REPO / "models"), f"{k}_port") for k in ("http", "grpc", "metrics")} == \
