@@ -23,7 +23,8 @@ from . import s3
 from .admin import ADMIN_HEADER
 from .paths import default_models
 from .processes import become_subreaper
-from .server import GRPC_ADMIN_HEADER, RESTRICTED_APIS, TritonServer
+from .argv import GRPC_ADMIN_HEADER, RESTRICTED_APIS
+from .server import TritonServer
 from .options import ServerOptions
 
 __all__ = ["ExitCode", "main"]

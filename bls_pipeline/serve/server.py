@@ -34,6 +34,7 @@ from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
 from . import in_flight, repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin, model_ready
+from .argv import GRPC_ADMIN_HEADER, endpoints, trace_args, tritonserver_argv
 from .binary import Binary, available_backends, find_binary, has_gpu
 from . import stopping
 from .liveness import Liveness
@@ -51,14 +52,6 @@ __all__ = ["StopReport", "TritonServer"]
 
 log = logging.getLogger(__name__)
 
-# Over gRPC, Triton looks for the key under the protocol-prefixed metadata name.
-GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"
-# APIs a client never needs for inference, behind the key (docs/deploy.md, "What the admin
-# key guards"): the writes (loading and unloading models, mapping shared memory, changing the
-# trace and log settings) and reading a model's full config (instances, queue limits, file
-# names, settings). Metadata, inference, statistics and health stay open: perf_analyzer and
-# Model Analyzer read the config, so they take the key (-H).
-RESTRICTED_APIS = "model-repository,model-config,shared-memory,trace,logging"
 # A stop takes at most the drain's limit (exit_timeout_s) and this: tritonserver's exit after
 # its SIGTERM, the kill, the reaping and the cleanup.
 STOP_GRACE_S = 5.0
@@ -263,34 +256,7 @@ class TritonServer:
             end_orphans(repo)  # a bls-serve killed before on this repository left them
             self._orphans_ended = True
 
-        cmd = [
-            str(binary.executable),
-            f"--model-repository={repo}",
-            "--model-control-mode=explicit",
-            *[f"--load-model={name}" for name in plan.load],
-            f"--http-address={opts.host}", f"--http-port={opts.http_port}",
-            f"--grpc-address={opts.host}", f"--grpc-port={opts.grpc_port}",
-            f"--metrics-address={opts.host}", f"--metrics-port={opts.metrics_port}",
-            "--allow-metrics=true", "--allow-gpu-metrics=false",
-            # Every request's latency and queue time, as quantiles over the last minute, measured
-            # by Triton with no tracing (nv_inference_request_summary_us, ..._queue_summary_us).
-            "--metrics-config=summary_latencies=true",
-            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={opts.admin_key}",
-            f"--exit-timeout-secs={opts.exit_timeout_s}",
-            "--strict-readiness=true",
-            # A failed load: tritonserver exits (fail fast), or serves the other models.
-            f"--exit-on-error={'true' if opts.fail_fast else 'false'}",
-            f"--log-verbose={opts.log_verbose}",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            # Pinned (page-locked) staging memory only helps host<->GPU copies; without a GPU
-            # its 256 MB pool just fills up under load and shows as resident memory.
-            *([] if has_gpu() else ["--pinned-memory-pool-byte-size=0"]),
-            *traces[1],
-            *opts.extra_args,
-        ]
-        if binary.backend_dir is not None:
-            cmd.append(f"--backend-directory={binary.backend_dir}")
+        cmd = tritonserver_argv(binary, opts, repo, plan.load, self.shm_prefix, trace=traces[1], gpu=has_gpu())
         # tritonserver's log goes to the log file, else to this process's stderr (fd 2, as an
         # inherited one would), through the pump.
         self._log_handle = open(opts.log_file, "ab") if opts.log_file is not None else os.fdopen(os.dup(2), "wb")
@@ -312,7 +278,7 @@ class TritonServer:
         self.queue_monitor = QueueMonitor(self.http_url, self._proc.pid)
         self.queue_monitor.start()
         self.failed = {**plan.broken, **self.wait_ready(plan.load, opts.startup_timeout_s)}
-        self._wait_for_endpoints(_endpoints(cmd), opts.startup_timeout_s)
+        self._wait_forendpoints(endpoints(cmd), opts.startup_timeout_s)
         self._check_it_is_ours()
         self.loaded = tuple(m for m in plan.load if m not in self.failed)
         if not self.loaded:
@@ -331,7 +297,7 @@ class TritonServer:
                                      pgid=self.pid)
             self.watchdog.start()
         if opts.hang_timeout_s > 0:
-            grpc = self.grpc_url if "gRPC" in _endpoints(cmd) else None
+            grpc = self.grpc_url if "gRPC" in endpoints(cmd) else None
             self.liveness = Liveness(self.http_url, grpc, self._on_hung, opts.hang_timeout_s)
             self.liveness.start()
         self.condition = None
@@ -445,7 +411,7 @@ class TritonServer:
                 time.sleep(0.25)
         return failed
 
-    def _wait_for_endpoints(self, ports: dict[str, int], timeout_s: float) -> None:
+    def _wait_forendpoints(self, ports: dict[str, int], timeout_s: float) -> None:
         """Every endpoint listening: Triton starts its metrics endpoint after the HTTP one that
         answered the readiness poll, so a caller reading metrics at once could be refused."""
         deadline = time.monotonic() + timeout_s
@@ -579,7 +545,7 @@ class TritonServer:
                                         unanswered=True)
             else:
                 stages = repository.drain_stages(self.repository, self.loaded) if self.repository is not None else []
-                metrics = self.metrics_url if "metrics" in _endpoints(proc.args) else None
+                metrics = self.metrics_url if "metrics" in endpoints(proc.args) else None
                 view = stopping.StopView(self.http_url, self.options.admin_key, metrics, proc)
                 result = stopping.drain(stages, view,
                                         began + limit, limit_s=limit, unanswered_s=UNANSWERED_S, exit_timeout_s=limit)
@@ -672,14 +638,6 @@ class TritonServer:
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
 
 
-def _endpoints(cmd: list[str]) -> dict[str, int]:
-    """The gRPC and metrics ports the command line opens (the last --allow-X flag wins, as in
-    tritonserver; extra_args may turn one off)."""
-    flags = dict(arg[2:].split("=", 1) for arg in cmd if arg.startswith("--") and "=" in arg)
-    return {what: int(flags[f"{flag}-port"]) for what, flag in (("gRPC", "grpc"), ("metrics", "metrics"))
-            if flags.get(f"allow-{flag}", "true").lower() not in ("false", "0", "no", "off") and f"{flag}-port" in flags}
-
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -689,14 +647,3 @@ def _kill_group(pgid: int) -> None:
 
 def _url_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
-# ---- bls-serve ----------------------------------------------------------------------
-def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:
-    """tritonserver's flags to trace one request in `rate` into `file` (written a trace at a
-    time, as FILE.0, FILE.1, ...). On Triton 2.51 any traced request can abort tritonserver
-    (workarounds.py, "tracing abort"): bls-serve passes them only when asked to."""
-    return ("--trace-config", f"triton,file={Path(file).resolve()}", "--trace-config", "triton,log-frequency=1",
-            "--trace-config", f"rate={rate}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "count=-1")
-
-

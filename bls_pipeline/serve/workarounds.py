@@ -64,7 +64,7 @@ WORKAROUNDS = (
         "bls-serve runs tritonserver with request tracing off (no TraceRelease ever runs); --trace-rate N turns a "
         "sample on for bls-explain and the status port's histograms, at that risk; Triton's latency summaries "
         "(summary_latencies) measure every request for the alerts.",
-        "serve/server.py (trace_args, ServerOptions.trace_rate)",
+        "serve/argv.py (trace_args), serve/options.py (ServerOptions.trace_rate)",
         "tests/integration/test_tracing.py::test_bls_serve_as_shipped_traces_nothing",
         "Triton 2.57 (server PR #8144) releases the mutex before the trace is destroyed: tracing every request is "
         "safe again."),

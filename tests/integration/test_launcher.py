@@ -23,7 +23,8 @@ from bls_pipeline.serve import server as server_module
 from bls_pipeline.serve.admin import ADMIN_HEADER
 from bls_pipeline.serve.processes import SHM_PREFIX
 from bls_pipeline.serve.repository import Repository
-from bls_pipeline.serve.server import GRPC_ADMIN_HEADER, TritonServer, _kill_group as kill_group
+from bls_pipeline.serve.argv import GRPC_ADMIN_HEADER
+from bls_pipeline.serve.server import TritonServer, _kill_group as kill_group
 from bls_pipeline.serve.options import ServerOptions, free_port
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from bls_pipeline.serve.server import trace_args
+from bls_pipeline.serve.argv import trace_args
 
 pytestmark = pytest.mark.integration
 

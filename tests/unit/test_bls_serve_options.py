@@ -10,10 +10,13 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from bls_pipeline.serve import cli, server
+from bls_pipeline.serve.argv import endpoints, trace_args, tritonserver_argv
+from bls_pipeline.serve.binary import Binary
 from bls_pipeline.serve.options import ServerOptions
 from bls_pipeline.serve.status import RESTART_CAUSES
 from bls_pipeline.serve.tritonlog import LogWatch
@@ -55,7 +58,7 @@ def test_trace_keeps_tritons_traces_in_the_file(launched, tmp_path):
     assert cli.main(["--model-repository", str(tmp_path)]) == 2
     traced, plain = launched
     assert traced.trace_file == tmp_path / "trace.json" and plain.trace_file is None
-    args = server.trace_args(tmp_path / "trace.json")
+    args = trace_args(tmp_path / "trace.json")
     assert args[::2] == ("--trace-config",) * 5
     assert f"triton,file={tmp_path / 'trace.json'}" in args and "rate=1" in args
     assert "level=TIMESTAMPS" in args and "triton,log-frequency=1" in args
@@ -81,9 +84,34 @@ def test_start_waits_for_each_endpoint_the_command_line_opens():
     """The readiness poll is on HTTP; Triton opens its metrics port after that, so start()
     also waits for gRPC and metrics, except one that extra arguments turned off."""
     cmd = ["tritonserver", "--http-port=1", "--grpc-port=2", "--metrics-port=3", "--allow-metrics=true"]
-    assert server._endpoints(cmd) == {"gRPC": 2, "metrics": 3}
-    assert server._endpoints([*cmd, "--allow-metrics=false"]) == {"gRPC": 2}
-    assert server._endpoints([*cmd, "--allow-grpc=0", "--allow-metrics=false"]) == {}
+    assert endpoints(cmd) == {"gRPC": 2, "metrics": 3}
+    assert endpoints([*cmd, "--allow-metrics=false"]) == {"gRPC": 2}
+    assert endpoints([*cmd, "--allow-grpc=0", "--allow-metrics=false"]) == {}
+
+
+def test_the_tritonserver_command_line_says_what_bls_serve_was_asked(tmp_path):
+    """The flags every tritonserver bls-serve starts gets: only the planned models, the
+    restricted APIs behind the key on both protocols, no pinned pool without a GPU, the trace
+    flags, then the caller's extra arguments, and the embedded binary's backend folder."""
+    opts = ServerOptions(tmp_path, host="127.0.0.2", http_port=1, grpc_port=2, metrics_port=3, admin_key="k",
+                         exit_timeout_s=7, fail_fast=False, log_verbose=1, extra_args=("--allow-metrics=false",))
+    embedded = Binary(tmp_path / "bin" / "tritonserver", tmp_path / "backends", {}, is_embedded=True)
+    trace = trace_args(tmp_path / "trace.json", rate=4)
+    argv = tritonserver_argv(embedded, opts, tmp_path, ("resnet50_onnx", "classify_bls"), "bls1_ab_", trace=trace)
+    assert argv[:5] == [str(tmp_path / "bin" / "tritonserver"), f"--model-repository={tmp_path}",
+                        "--model-control-mode=explicit", "--load-model=resnet50_onnx", "--load-model=classify_bls"]
+    assert {"--http-address=127.0.0.2", "--http-port=1", "--grpc-address=127.0.0.2", "--grpc-port=2",
+            "--metrics-address=127.0.0.2", "--metrics-port=3", "--exit-timeout-secs=7", "--strict-readiness=true",
+            "--exit-on-error=false", "--log-verbose=1", "--backend-config=python,shm-region-prefix-name=bls1_ab_",
+            "--pinned-memory-pool-byte-size=0", "--metrics-config=summary_latencies=true"} <= set(argv)
+    restricted = "model-repository,model-config,shared-memory,trace,logging:triton-admin-key=k"
+    assert f"--http-restricted-api={restricted}" in argv and f"--grpc-restricted-protocol={restricted}" in argv
+    assert argv[-4:] == [*trace[-2:], "--allow-metrics=false", f"--backend-directory={tmp_path / 'backends'}"]
+    assert endpoints(argv) == {"gRPC": 2}  # the extra argument turned the metrics endpoint off
+    on_path = Binary(Path("/opt/tritonserver/bin/tritonserver"), None, {}, is_embedded=False)
+    plain = tritonserver_argv(on_path, ServerOptions(tmp_path), "s3://bucket/models", ("m",), "p_", gpu=True)
+    assert plain[1] == "--model-repository=s3://bucket/models" and "--exit-on-error=true" in plain
+    assert not any(a.startswith(("--pinned-memory-pool-byte-size", "--trace-config", "--backend-directory")) for a in plain)
 
 
 # ---- a tritonserver that dies on its own ---------------------------------------------------------
