@@ -19,12 +19,10 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..adapter.queue_waits import WAIT_PREFIX
@@ -32,15 +30,14 @@ from ..base.messages import first_line
 from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
 from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
-from . import in_flight, repository, s3
+from . import repository, s3
 from .admin import ADMIN_HEADER, AdminError, RepositoryAdmin, model_ready
 from .argv import GRPC_ADMIN_HEADER, endpoints, trace_args, tritonserver_argv
 from .binary import Binary, available_backends, find_binary, has_gpu
 from . import stopping
 from .liveness import Liveness
 from .options import ServerOptions, check_ports_free, listening
-from .processes import (die_with_parent, end_orphans, is_subreaper, model_of, reap_group,
-                        shm_prefix, stubs)
+from .processes import (die_with_parent, end_orphans, shm_prefix)
 from .followers import FlowRetries
 from .states import ModelStates
 from .queue_monitor import QueueMonitor
@@ -48,7 +45,7 @@ from .status import RESTART_CAUSES, ServerState, StatusServer
 from .tritonlog import LoadFailure, LogPump, LogWatch
 from .watchdog import Watchdog
 
-__all__ = ["StopReport", "TritonServer"]
+__all__ = ["TritonServer"]
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +54,6 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0
 # How long a drain keeps asking a tritonserver that does not answer before it kills it.
 UNANSWERED_S = 5.0
-
-
-@dataclass(frozen=True)
-class StopReport:
-    code: int | None  # tritonserver's exit status; -9 when it had to be killed
-    drained: bool  # every model was unloaded (no request in flight) before SIGTERM
-    # Dead python stubs (their instance, or "pid N" if never seen alive) whose model copy
-    # could not unload after the drain: tritonserver was killed for them (_stuck_copies).
-    stuck: tuple[str, ...] = ()
-    # Models Triton kept from unloading with nothing in flight (stopping.drain): the drain
-    # went on without them, and tritonserver was killed for them after it.
-    held: tuple[str, ...] = ()
-    reason: str = ""  # why the stop was not clean: the drain's, or tritonserver's exit
-    hung: bool = False  # tritonserver did not answer (the drain, or its exit after SIGTERM): killed
 
 
 class TritonServer:
@@ -95,7 +78,7 @@ class TritonServer:
         self._binary: Binary | None = None
         self.watchdog: Watchdog | None = None
         self.queue_monitor: QueueMonitor | None = None  # Triton's measure of the queues, for the flows' admission
-        self.last_stop: StopReport | None = None
+        self.last_stop: stopping.StopReport | None = None
         self.restarts = 0  # starts after the first (restart()): RESTARTS_ENV of the running tritonserver
         self._started_at: float | None = None  # time.monotonic() when the running one was serving
         self._cancel: threading.Event | None = None
@@ -339,7 +322,7 @@ class TritonServer:
         """SIGKILL tritonserver with its whole group (its stubs): a server that hangs. stop() then
         clears what it left."""
         if self._proc is not None:
-            _kill_group(self._proc.pid)
+            stopping.kill_group(self._proc.pid)
 
     def _ready_for(self, plan: repository.LoadPlan) -> tuple[str, ...]:
         """The models /ready follows: those named, else those asked for, else every flow (a
@@ -555,36 +538,14 @@ class TritonServer:
         if monitor is not None:  # and the queue readings it wrote for the flows (adapter/queue_waits.py)
             monitor.stop(timeout_s=0.5 if result.unanswered else 2.0)
         self._proc = None
-        code, stuck, held, hung, reason = None, (), (), result.unanswered, result.reason
         if proc is not None:
-            if proc.poll() is None:
-                if result.drained:
-                    stuck = stopping.stuck_copies(stubs(proc.pid).dead, (watchdog and watchdog.instance_of) or (lambda _: None),
-                                                  limit)
-                if not stuck:
-                    # A server that did not answer gets a moment to take SIGTERM, not the stop's rest.
-                    until = min(deadline, time.monotonic() + 2.0) if result.unanswered else deadline
-                    held_stubs = {pid: inst for pid, inst in stubs(proc.pid).live.items()
-                                  if model_of(inst) in result.held} if result.drained else {}
-                    leaked = tuple(sorted(m for m, n in self.log_watch.failures.items()
-                                          if n > self._failures_at_start.get(m, 0))) if result.drained else ()
-                    ended = stopping.terminate(proc, result.held if result.drained else (),
-                                               in_flight.HeldStubs(held_stubs, model_of), until, leaked=leaked)
-                    held = ended.killed_for
-                    if not ended.exited and not ended.killed_for:
-                        hung = True
-                        reason = reason or f"tritonserver did not exit within {until - began:.0f} s of the stop"
-                        self._report_hang(proc.pid, result.drained, deadline)
-            _kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
-            try:
-                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:  # a process SIGKILL does not end: nothing left to do
-                log.error("tritonserver (pid %d) still there after SIGKILL", proc.pid)
-            if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them
-                left = reap_group(proc.pid, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
-                if left:
-                    log.warning("processes of tritonserver's group still there after it was killed: %s", left)
-        self.last_stop = StopReport(code, result.drained, stuck, held, reason if not result.drained or hung else "", hung)
+            leaked = tuple(sorted(m for m, n in self.log_watch.failures.items() if n > self._failures_at_start.get(m, 0)))
+            self.last_stop = stopping.end_process(proc, result, began, deadline, limit_s=limit, leaked=leaked,
+                                                  instance_of=(watchdog and watchdog.instance_of) or (lambda _: None),
+                                                  log_file=self.options.log_file)
+        else:
+            self.last_stop = stopping.StopReport(None, result.drained)  # nothing ran: nothing drained, nothing to say
+        code = self.last_stop.code
         drained_at = time.monotonic()
         pump, self._pump = self._pump, None
         if pump is not None:
@@ -610,24 +571,6 @@ class TritonServer:
                      time.monotonic() - began, drained_at - began, time.monotonic() - drained_at)
         return code
 
-    def _report_hang(self, pid: int, drained: bool, deadline: float) -> None:
-        """Say loudly that tritonserver did not exit after SIGTERM, with its threads' stacks if
-        gdb is here and the stop's time allows."""
-        state = ("every model was unloaded first, so no request was in flight" if drained
-                 else "models were still busy: their in-flight requests fail")
-        stacks = ""
-        left = deadline - time.monotonic() - 1.0
-        if shutil.which("gdb") and self.options.log_file and left > 1.0:
-            try:
-                stacks = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                                        capture_output=True, text=True, timeout=min(10.0, left)).stdout
-            except (subprocess.TimeoutExpired, OSError) as exc:
-                stacks = f"(gdb failed: {exc})"
-            with open(self.options.log_file, "a") as f:
-                f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
-        log.error("tritonserver did not exit after SIGTERM (%s): killing it%s", state,
-                  f"; its thread stacks are in {self.options.log_file}" if stacks else "")
-
     def _log_hint(self) -> str:
         """Error lines of the server log (model load failures), for exception messages."""
         path = self.options.log_file
@@ -636,13 +579,6 @@ class TritonServer:
         lines = Path(path).read_text(errors="replace").splitlines()
         errors = [ln for ln in lines if ln.startswith("E") or ln.startswith("error:")][-15:]
         return f"\n--- errors in {path} ---\n" + "\n".join(errors or lines[-15:])
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _url_host(host: str) -> str:

@@ -1,7 +1,8 @@
-"""Stopping a tritonserver: the drain, the models it holds, the terminate. Pure over what it is
-given: Triton's admin answers, the stubs in its group, its in-flight snapshots, the clock, the
-process (`Triton`, `Process`); TritonServer.stop (server.py) hands them in (StopView: a running
-tritonserver), unit tests fake them.
+"""Stopping a tritonserver: the drain, the models it holds, the terminate, and its end (killed
+with its group, reaped: end_process, which says how it went in a StopReport). The drain and the
+terminate are pure over what they are given: Triton's admin answers, the stubs in its group, its
+in-flight snapshots, the clock, the process (`Triton`, `Process`); TritonServer.stop (server.py)
+hands them in (StopView: a running tritonserver), unit tests fake them.
 
 The drain unloads callers before the models they call (repository.drain_stages): a stage's
 models are done with their requests once Triton begins to destroy them, which it does only
@@ -23,18 +24,22 @@ answering (a hung server is not drained: it is killed); the terminate by the sto
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from . import in_flight
 from .admin import RepositoryAdmin
-from .processes import Stubs, destruction_began, stubs
+from .processes import Stubs, destruction_began, is_subreaper, model_of, reap_group, stubs
 from .workarounds import HELD_GRACE_S, LEAKED_GRACE_S
 
-__all__ = ["Drain", "StopView", "Terminated", "drain", "stuck_copies", "terminate"]
+__all__ = ["Drain", "StopReport", "StopView", "Terminated", "drain", "end_process", "kill_group", "report_hang",
+           "stuck_copies", "terminate"]
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +268,80 @@ def terminate(process: Process, held: tuple[str, ...], watch, deadline: float, *
         return Terminated(True)
     except subprocess.TimeoutExpired:
         return Terminated(False)
+
+
+@dataclass(frozen=True)
+class StopReport:
+    code: int | None  # tritonserver's exit status; -9 when it had to be killed
+    drained: bool  # every model was unloaded (no request in flight) before SIGTERM
+    # Dead python stubs (their instance, or "pid N" if never seen alive) whose model copy
+    # could not unload after the drain: tritonserver was killed for them (stuck_copies).
+    stuck: tuple[str, ...] = ()
+    # Models Triton kept from unloading with nothing in flight (drain): the drain went on
+    # without them, and tritonserver was killed for them after it.
+    held: tuple[str, ...] = ()
+    reason: str = ""  # why the stop was not clean: the drain's, or tritonserver's exit
+    hung: bool = False  # tritonserver did not answer (the drain, or its exit after SIGTERM): killed
+
+
+def end_process(proc: subprocess.Popen, result: Drain, began: float, deadline: float, *, limit_s: float,
+                leaked: tuple[str, ...], instance_of: Callable[[int], str | None],
+                log_file: Path | None = None) -> StopReport:
+    """tritonserver's end after the drain (`result`), by `deadline` (time.monotonic()): killed at
+    once for a copy a dead stub left stuck; else SIGTERM (terminate), then killed for the
+    models it held, the failed loads it keeps live (`leaked`), or because it did not exit. Its
+    whole group is killed after (the stubs), and reaped here when this process is their
+    subreaper (bls-serve)."""
+    code, stuck, held, hung, reason = None, (), (), result.unanswered, result.reason
+    if proc.poll() is None:
+        if result.drained:
+            stuck = stuck_copies(stubs(proc.pid).dead, instance_of, limit_s)
+        if not stuck:
+            # A server that did not answer gets a moment to take SIGTERM, not the stop's rest.
+            until = min(deadline, time.monotonic() + 2.0) if result.unanswered else deadline
+            held_stubs = {pid: inst for pid, inst in stubs(proc.pid).live.items()
+                          if model_of(inst) in result.held} if result.drained else {}
+            ended = terminate(proc, result.held if result.drained else (), in_flight.HeldStubs(held_stubs, model_of),
+                              until, leaked=leaked if result.drained else ())
+            held = ended.killed_for
+            if not ended.exited and not ended.killed_for:
+                hung = True
+                reason = reason or f"tritonserver did not exit within {until - began:.0f} s of the stop"
+                report_hang(proc.pid, result.drained, deadline, log_file)
+    kill_group(proc.pid)  # its stubs too, and the server itself if it hung or waited on stuck copies
+    try:
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # a process SIGKILL does not end: nothing left to do
+        log.error("tritonserver (pid %d) still there after SIGKILL", proc.pid)
+    if is_subreaper():  # bls-serve: the killed stubs are its children now, and nobody else reaps them
+        left = reap_group(proc.pid, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+        if left:
+            log.warning("processes of tritonserver's group still there after it was killed: %s", left)
+    return StopReport(code, result.drained, stuck, held, reason if not result.drained or hung else "", hung)
+
+
+def report_hang(pid: int, drained: bool, deadline: float, log_file: Path | None) -> None:
+    """Say loudly that tritonserver did not exit after SIGTERM, with its threads' stacks (into
+    `log_file`) if gdb is here and the stop's time allows."""
+    state = ("every model was unloaded first, so no request was in flight" if drained
+             else "models were still busy: their in-flight requests fail")
+    stacks = ""
+    left = deadline - time.monotonic() - 1.0
+    if shutil.which("gdb") and log_file and left > 1.0:
+        try:
+            stacks = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                    capture_output=True, text=True, timeout=min(10.0, left)).stdout
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            stacks = f"(gdb failed: {exc})"
+        with open(log_file, "a") as f:
+            f.write(f"\n--- tritonserver ignored SIGTERM; its threads:\n{stacks}\n")
+    log.error("tritonserver did not exit after SIGTERM (%s): killing it%s", state,
+              f"; its thread stacks are in {log_file}" if stacks else "")
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group (tritonserver and its stubs); one already gone is no error."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

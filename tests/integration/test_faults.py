@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.serve.processes import stubs
-from bls_pipeline.serve.server import StopReport
+from bls_pipeline.serve.stopping import StopReport
 from bls_pipeline.tools.footprint import measure
 
 pytestmark = pytest.mark.integration

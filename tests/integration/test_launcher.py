@@ -19,12 +19,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls_pipeline.serve import server as server_module
+from bls_pipeline.serve import stopping
 from bls_pipeline.serve.admin import ADMIN_HEADER
 from bls_pipeline.serve.processes import SHM_PREFIX
 from bls_pipeline.serve.repository import Repository
 from bls_pipeline.serve.argv import GRPC_ADMIN_HEADER
-from bls_pipeline.serve.server import TritonServer, _kill_group as kill_group
+from bls_pipeline.serve.server import TritonServer
+from bls_pipeline.serve.stopping import kill_group
 from bls_pipeline.serve.options import ServerOptions, free_port
 
 pytestmark = pytest.mark.integration
@@ -246,7 +247,7 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog
         kill_group(pgid)
         time.sleep(0.3)
 
-    monkeypatch.setattr(server_module, "_kill_group", kill_and_let_it_die)
+    monkeypatch.setattr(stopping, "kill_group", kill_and_let_it_die)
     srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=0, log_file=tmp_path / "server.log"))
     stubborn = ("import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "subprocess.Popen(['sleep', '300']); print('ready', flush=True); time.sleep(300)")
