@@ -25,7 +25,8 @@ from ..serve.processes import stubs
 from ..serve.repository import Repository
 from ..serve.options import ServerOptions
 from ..serve.server import TritonServer
-from .bench import make_image_set, run_point
+from .bench_images import make_image_set
+from .bench_sweep import run_point
 
 __all__ = ["Footprint", "main", "measure"]
 

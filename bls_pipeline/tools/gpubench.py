@@ -47,7 +47,7 @@ from ..stages.decode import DecodePolicy
 from ..stages.jpeg_header import gpu_jpeg
 from ..stages.preprocess import PreprocessSpec
 from ..serve.paths import checkout, default_models, default_samples
-from . import bench
+from . import bench_images, bench_sweep
 
 __all__ = ["gpu_repository", "main"]
 
@@ -288,7 +288,7 @@ def _images(args) -> list[bytes]:
     samples = sorted(Path(args.images).glob("*.jpg"))
     if not samples:
         raise SystemExit(f"gpubench: no *.jpg in {args.images}")
-    return bench.make_image_set(samples)  # ImageNet-size (500x375) JPEGs, each photo and its mirror
+    return bench_images.make_image_set(samples)  # ImageNet-size (500x375) JPEGs, each photo and its mirror
 
 
 def _parity(cpu: np.ndarray, other: np.ndarray, spec) -> dict:
@@ -495,7 +495,7 @@ def _variant(model_dir: Path, name: str, params: dict[str, str], kind: str, coun
     return text_format.MessageToString(config)
 
 
-def _run_points(url: str, target: str, model: str, concurrency: int, payloads: list, args, pool) -> bench.Point:
+def _run_points(url: str, target: str, model: str, concurrency: int, payloads: list, args, pool) -> bench_sweep.Point:
     """One load point from `procs` client processes at once (one Python process's gRPC client
     saturates near a few thousand requests/s): images/s summed; latency percentiles and the
     server's per-request times averaged over the processes, weighted by their requests."""
@@ -505,7 +505,7 @@ def _run_points(url: str, target: str, model: str, concurrency: int, payloads: l
     points = [f.result() for f in futures]
     n = sum(p.requests for p in points) or 1
     mean = lambda field: float(sum(getattr(p, field) * p.requests for p in points) / n)  # noqa: E731
-    return bench.Point(model if target == "classifier" else target, concurrency, sum(p.images_per_s for p in points),
+    return bench_sweep.Point(model if target == "classifier" else target, concurrency, sum(p.images_per_s for p in points),
                        mean("p50_ms"), mean("p95_ms"), mean("p99_ms"), sum(p.requests for p in points), sum(p.errors for p in points),
                        mean("server_queue_ms"), mean("server_compute_ms"))
 
@@ -514,9 +514,9 @@ def _started(_: int) -> None:
     """Nothing: a spawned client process that runs it has imported this module (and bench)."""
 
 
-def _point_in_process(url, target, model, concurrency, payloads, duration, warmup) -> bench.Point:
+def _point_in_process(url, target, model, concurrency, payloads, duration, warmup) -> bench_sweep.Point:
     """In a client process: the classifier target means `model` (bls-bench's is resnet50_onnx)."""
-    return bench.run_point(url, "grpc", target, concurrency, payloads, duration, warmup, classifier=model)
+    return bench_sweep.run_point(url, "grpc", target, concurrency, payloads, duration, warmup, classifier=model)
 
 
 def gpu_memory(loaded: tuple[str, ...]) -> dict:
@@ -562,7 +562,7 @@ def cmd_serve(args) -> int:
         shutil.rmtree(work, ignore_errors=True)
         return _fail(args.out, "serve", f"cannot load {missing}")
     images = _images(args)
-    tensors = bench.tensor_set(images)
+    tensors = bench_images.tensor_set(images)
     report["images"] = len(images)
     per_point = args.duration + args.warmup + 3.0
     try:
@@ -668,7 +668,7 @@ def summary(results: dict) -> str:
         lines.append("")
     serve = results.get("serve")
     if serve and serve.get("points"):
-        points = [bench.Point(**p) for p in serve["points"]]
+        points = [bench_sweep.Point(**p) for p in serve["points"]]
         meta = {"machine": f"{(env or {}).get('cores')} cores, {(env or {}).get('gpus')}", "versions": "see Machine",
                 "protocol": "grpc", "duration_s": serve["duration_s"], "warmup_s": serve["warmup_s"],
                 "images": serve.get("images", "?"), "rounds": 1}
@@ -676,7 +676,7 @@ def summary(results: dict) -> str:
                   "concurrency; p50/p95/p99 are their request-weighted means. classify_bls on the GPU: "
                   f"{serve.get('gpu_flow_instances')} instance(s), {CEILING} {serve.get('classifier_instances')}; "
                   f"server arguments: {serve.get('server_args')}.", "",
-                  bench.markdown(points, [], meta)]
+                  bench_sweep.markdown(points, [], meta)]
         if serve.get("stopped_early"):
             lines.append(f"Stopped early: {serve['stopped_early']}.\n")
         ratios = serve.get("ratios") or {}

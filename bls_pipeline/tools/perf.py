@@ -127,7 +127,7 @@ def _content(values) -> list:
 def _data_main(args: argparse.Namespace) -> int:
     files = find_images(args.paths)
     if args.bench_set:
-        from .bench import make_image_set
+        from .bench_images import make_image_set
 
         images = make_image_set([f for f in files if f.suffix.lower() in (".jpg", ".jpeg")])
     else:
@@ -262,12 +262,12 @@ def _point(target: str, concurrency: int, row: dict[str, float]) -> PerfPoint:
 
 # ---- bls-perf compare: both tools, the same targets, one server, one run ------------------
 def _compare_main(args: argparse.Namespace) -> int:
-    from . import bench
+    from . import bench_images, bench_sweep, bench_targets
     from ..serve.options import ServerOptions
     from ..serve.server import TritonServer
 
     targets = [t for t in args.targets.split(",") if t]
-    unfit = [t for t in targets if t.startswith("classifier") or t in bench.REGION_TARGETS]
+    unfit = [t for t in targets if t.startswith("classifier") or t in bench_targets.REGION_TARGETS]
     if unfit:
         print(f"bls-perf compare: error: {unfit}: compare measures targets fed images (flows, the ensemble, peers)",
               file=sys.stderr)
@@ -279,15 +279,15 @@ def _compare_main(args: argparse.Namespace) -> int:
     unstable: list[tuple[int, str, int]] = []  # (round, target, concurrency) perf_analyzer could not measure
     try:
         repo = workdir / "models"
-        bench.repository_for(targets, args.model_repository, repo)
-        models = {t: bench.served_model(t) for t in targets}
+        bench_targets.repository_for(targets, args.model_repository, repo)
+        models = {t: bench_targets.served_model(t) for t in targets}
         flows = {t for t in targets if is_flow_model(repo / models[t])}
         server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=tuple(sorted(set(models.values())))))
         missing = server.not_loaded(tuple(models.values()))
         if missing:
             print(f"bls-perf compare: error: cannot measure without {missing}", file=sys.stderr)
             return 2
-        images = bench.make_image_set(sorted(args.images.glob("*.jpg")))
+        images = bench_images.make_image_set(sorted(args.images.glob("*.jpg")))
         input_file = workdir / "images.json"
         input_file.write_text(json.dumps(input_data(images)))
         with server:
@@ -299,7 +299,7 @@ def _compare_main(args: argparse.Namespace) -> int:
                 # Which tool goes first alternates by round: drift on a shared machine hits both alike.
                 for tool in (("bench", "perf_analyzer") if r % 2 == 0 else ("perf_analyzer", "bench")):
                     if tool == "bench":
-                        point = bench.run_point(url, args.protocol, target, c, images, args.duration, args.warmup)
+                        point = bench_sweep.run_point(url, args.protocol, target, c, images, args.duration, args.warmup)
                         if point.errors:
                             raise RuntimeError(f"bls-bench: {point.errors} errors on {target} at concurrency {c}")
                     else:

@@ -84,7 +84,7 @@ def traced(model_class: type) -> type:
 def traced_repository(src: Path, dst: Path) -> tuple[Path, Path]:
     """bls-bench's copy of `src` under dst/models, classify_bls and resnet50_onnx wrapped;
     returns (repository, directory the stubs write their stamps to)."""
-    from .bench import bench_repository
+    from .bench_targets import bench_repository
 
     repo, stamps = dst / "models", dst / "stamps"
     stamps.mkdir(parents=True)
@@ -102,7 +102,8 @@ def trace(url: str, stamps: Path, requests: int, warmup: int, protocol: str = "g
     """Send `warmup` + `requests` requests per path, alternating; per path, one
     {stamp: ns} dict per measured request, the client's send and receipt included."""
     from ..serve.client import tritonclient_module
-    from .bench import build_request, make_image_set, tensor_set
+    from .bench_targets import build_request
+    from .bench_images import make_image_set, tensor_set
 
     tc = tritonclient_module(protocol)
     images = make_image_set(sorted(Path(images_dir or default_samples()).glob("*.jpg")))

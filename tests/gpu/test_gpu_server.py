@@ -71,7 +71,7 @@ def test_the_gpu_flow_answers_as_the_cpu_flow(gpu_server, sample_images, repo_ro
 def test_pixels_cross_to_the_classifier_in_gpu_memory(gpu_server, sample_images):
     """What the stubs log: the flow decodes on the GPU, resnet50_torch gets CUDA inputs from
     it (DLPack, no copy) and host inputs from a client."""
-    from bls_pipeline.tools.bench import tensor_set
+    from bls_pipeline.tools.bench_images import tensor_set
 
     _classify(gpu_server, gpubench.GPU_FLOW, sample_images["mug"])
     import tritonclient.grpc as tc
@@ -101,7 +101,7 @@ def test_a_bad_image_fails_alike_on_both_flows(gpu_server, sample_images):
 def test_resnet50_torch_over_grpc_matches_onnxruntime(gpu_server, sample_images, onnx_reference):
     import tritonclient.grpc as tc
 
-    from bls_pipeline.tools.bench import tensor_set
+    from bls_pipeline.tools.bench_images import tensor_set
 
     x = np.concatenate(tensor_set(list(sample_images.values())))
     client = tc.InferenceServerClient(gpu_server.grpc_url)

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from bls_pipeline.serve.client import ClassifyClient
-from bls_pipeline.tools.bench import HANDWRITTEN, HANDWRITTEN_CALLS, bench_repository, region_pages
+from bls_pipeline.tools.bench_targets import HANDWRITTEN, HANDWRITTEN_CALLS, bench_repository
+from bls_pipeline.tools.bench_images import region_pages
 
 pytestmark = pytest.mark.integration
 BASELINES = ("read_text_per_region", HANDWRITTEN)

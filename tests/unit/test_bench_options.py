@@ -10,9 +10,11 @@ import pytest
 from PIL import Image
 
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
-from bls_pipeline.tools.bench import (DEFAULT_TARGET, HEAVY_SIZE, IMAGE_SIZE, PEER, Endpoints, Point, _model, announce,
-                                      bench_repository, image_set, markdown, parse_args, queue_bound, serve_with,
-                                      served_description)
+from bls_pipeline.tools.bench_targets import (DEFAULT_TARGET, PEER, _model, bench_repository, queue_bound, serve_with,
+                                              served_description)
+from bls_pipeline.tools.bench_images import HEAVY_SIZE, IMAGE_SIZE, announce, image_set
+from bls_pipeline.tools.bench import Endpoints, parse_args
+from bls_pipeline.tools.bench_sweep import Point, markdown
 from bls_pipeline.tools.loadgen import TRITON_SUCCESS_COUNTS
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -9,8 +9,10 @@ import numpy as np
 
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
-from bls_pipeline.tools.bench import (CASCADES, HANDWRITTEN, HANDWRITTEN_CALLS, SHADOW_TARGET, SHADOW_TWIN, TARGETS, TEXT_LINES, Point,
-                                    _model, bench_repository, children_per_image, ratios, region_pages, text_image_set)
+from bls_pipeline.tools.bench_targets import (CASCADES, HANDWRITTEN, HANDWRITTEN_CALLS, SHADOW_TARGET, SHADOW_TWIN,
+                                              TARGETS, _model, bench_repository)
+from bls_pipeline.tools.bench_images import TEXT_LINES, region_pages, text_image_set
+from bls_pipeline.tools.bench_sweep import Point, children_per_image, ratios
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SAMPLES = MODELS.parent / "samples"
@@ -141,7 +143,7 @@ def test_children_are_counted_per_image_answered():
 
 
 def test_the_one_model_peer_runs_the_same_engine_and_is_compared_within_a_round(tmp_path):
-    from bls_pipeline.tools.bench import PEER
+    from bls_pipeline.tools.bench_targets import PEER
 
     src = tmp_path / "models"
     shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "__pycache__"))

@@ -133,7 +133,8 @@ def test_bls_serve_skips_a_missing_or_corrupt_engine_and_says_why(tmp_path):
 
 
 def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
-    from bls_pipeline.tools.bench import Point, _model, bench_repository, build_request, ratios
+    from bls_pipeline.tools.bench_sweep import Point, ratios
+    from bls_pipeline.tools.bench_targets import _model, bench_repository, build_request
     from bls_pipeline.serve.client import tritonclient_module
 
     src = tmp_path / "models"

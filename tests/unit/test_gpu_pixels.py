@@ -37,7 +37,7 @@ from bls_pipeline.stages import torch_preprocess  # noqa: E402
 from bls_pipeline.stages.decode import DecodePolicy  # noqa: E402
 from bls_pipeline.stages.jpeg_header import gpu_jpeg  # noqa: E402
 from bls_pipeline.stages.preprocess import PreprocessSpec  # noqa: E402
-from bls_pipeline.tools.bench import make_image_set  # noqa: E402
+from bls_pipeline.tools.bench_images import make_image_set  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 FULL = DecodePolicy(draft_min_side=0)
