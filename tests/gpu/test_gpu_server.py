@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bls_pipeline.tools import gpubench
+from bls_pipeline.tools import gpubench_results, gpubench_serve
 from engine_build.export_onnx import artifact_files
 
 pytestmark = pytest.mark.gpu
@@ -31,10 +31,10 @@ def gpu_server(resnet50_artifacts, tmp_path_factory, repo_root):
         files = artifact_files(artifact) if kind == "onnx" else (artifact, artifact.with_suffix(artifact.suffix + ".json"))
         for path in files:  # the ONNX with its external data (model.onnx.data) and stamp
             shutil.copy(path, src / model / "1" / path.name)
-    gpubench.gpu_repository(src, base / "models", gpu=True)
+    gpubench_serve.gpu_repository(src, base / "models", gpu=True)
     log = base / "tritonserver.log"
     server = TritonServer(ServerOptions.on_free_ports(base / "models", log, startup_timeout_s=300,
-                                                      models=(gpubench.GPU_FLOW, gpubench.CPU_FLOW, "resnet50_torch", "resnet50_onnx")))
+                                                      models=(gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW, "resnet50_torch", "resnet50_onnx")))
     server.start()
     server.test_log = log
     yield server
@@ -60,7 +60,7 @@ def test_the_gpu_flow_answers_as_the_cpu_flow(gpu_server, sample_images, repo_ro
     images["blank.png"] = (repo_root / "samples" / "blank.png").read_bytes()  # decoded on the CPU, then on the GPU
     agree = 0
     for name, data in images.items():
-        on_gpu, on_cpu = _classify(gpu_server, gpubench.GPU_FLOW, data), _classify(gpu_server, gpubench.CPU_FLOW, data)
+        on_gpu, on_cpu = _classify(gpu_server, gpubench_results.GPU_FLOW, data), _classify(gpu_server, gpubench_results.CPU_FLOW, data)
         assert on_gpu["ROUTE"][0, 0] == b"resnet50_torch:direct" == on_cpu["ROUTE"][0, 0]
         agree += int(on_gpu["CLASS_IDS"][0, 0] == on_cpu["CLASS_IDS"][0, 0])
         print(f"{name}: GPU {on_gpu['CLASS_IDS'][0, :3]} {on_gpu['SCORES'][0, :3]}, CPU {on_cpu['CLASS_IDS'][0, :3]} {on_cpu['SCORES'][0, :3]}")
@@ -73,7 +73,7 @@ def test_pixels_cross_to_the_classifier_in_gpu_memory(gpu_server, sample_images)
     it (DLPack, no copy) and host inputs from a client."""
     from bls_pipeline.tools.bench_images import tensor_set
 
-    _classify(gpu_server, gpubench.GPU_FLOW, sample_images["mug"])
+    _classify(gpu_server, gpubench_results.GPU_FLOW, sample_images["mug"])
     import tritonclient.grpc as tc
 
     client = tc.InferenceServerClient(gpu_server.grpc_url)
@@ -91,7 +91,7 @@ def test_a_bad_image_fails_alike_on_both_flows(gpu_server, sample_images):
     from tritonclient.utils import InferenceServerException
 
     messages = []
-    for model in (gpubench.GPU_FLOW, gpubench.CPU_FLOW):
+    for model in (gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW):
         with pytest.raises(InferenceServerException) as err:
             _classify(gpu_server, model, sample_images["mug"][:5000])  # a truncated JPEG
         messages.append(err.value.message())

@@ -16,7 +16,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
-from bls_pipeline.tools import gpubench
+from bls_pipeline.tools import gpubench, gpubench_results, gpubench_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts" / "gpu"
@@ -104,23 +104,23 @@ def test_trimming_keeps_one_python_and_the_libraries_it_needs(tmp_path):
 
 @pytest.mark.parametrize("gpu", [True, False])
 def test_the_bench_repository_has_both_flows_and_the_ceiling(tmp_path, gpu):
-    gpubench.gpu_repository(ROOT / "models", tmp_path / "models", gpu)
+    gpubench_serve.gpu_repository(ROOT / "models", tmp_path / "models", gpu)
     kinds = {}
-    for name in (gpubench.GPU_FLOW, gpubench.CPU_FLOW, gpubench.CEILING):
+    for name in (gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW, gpubench_results.CEILING):
         cfg = parse_config(tmp_path / "models" / name)
         assert cfg.name == name
         kinds[name] = {model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group}
     want_gpu = "KIND_GPU" if gpu else "KIND_CPU"
-    assert kinds == {gpubench.GPU_FLOW: {want_gpu}, gpubench.CPU_FLOW: {"KIND_CPU"}, gpubench.CEILING: {want_gpu}}
-    for flow in (gpubench.GPU_FLOW, gpubench.CPU_FLOW):
+    assert kinds == {gpubench_results.GPU_FLOW: {want_gpu}, gpubench_results.CPU_FLOW: {"KIND_CPU"}, gpubench_results.CEILING: {want_gpu}}
+    for flow in (gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW):
         params = string_parameters(parse_config(tmp_path / "models" / flow))
-        assert {k: params[k] for k in gpubench.FLOW_SETTINGS} == gpubench.FLOW_SETTINGS
+        assert {k: params[k] for k in gpubench_serve.FLOW_SETTINGS} == gpubench_serve.FLOW_SETTINGS
         assert (tmp_path / "models" / flow / "1" / "flow.py").exists()
-    ceiling = parse_config(tmp_path / "models" / gpubench.CEILING)
+    ceiling = parse_config(tmp_path / "models" / gpubench_results.CEILING)
     if gpu:  # the shipped config's batch: every bucket's CUDA graph
-        assert ceiling.max_batch_size == parse_config(ROOT / "models" / gpubench.CEILING).max_batch_size == 64
+        assert ceiling.max_batch_size == parse_config(ROOT / "models" / gpubench_results.CEILING).max_batch_size == 64
     else:  # a dry run warms up to a batch that a CPU runs in well under a second
-        assert string_parameters(ceiling)["precision"] == "fp32" and ceiling.max_batch_size == gpubench.DRY_RUN_MAX_BATCH
+        assert string_parameters(ceiling)["precision"] == "fp32" and ceiling.max_batch_size == gpubench_serve.DRY_RUN_MAX_BATCH
 
 
 def _point(target, c, ips, errors=0):
@@ -129,17 +129,17 @@ def _point(target, c, ips, errors=0):
 
 
 def test_the_ratios_and_the_summary_say_what_was_measured(tmp_path):
-    points = [_point(gpubench.GPU_FLOW, 8, 800.0), _point(gpubench.GPU_FLOW, 16, 900.0, errors=2),
-              _point(gpubench.CEILING, 8, 1000.0), _point(gpubench.CPU_FLOW, 8, 300.0)]
+    points = [_point(gpubench_results.GPU_FLOW, 8, 800.0), _point(gpubench_results.GPU_FLOW, 16, 900.0, errors=2),
+              _point(gpubench_results.CEILING, 8, 1000.0), _point(gpubench_results.CPU_FLOW, 8, 300.0)]
     decode = {"rows": [{"batch": 64, "gpu_path_images_per_s": 5000.0, "cpu_path_images_per_s": 400.0, "gpu_over_cpu": 12.5}]}
-    ratios = gpubench.serve_ratios(points, decode)
-    assert ratios["best"][gpubench.GPU_FLOW]["concurrency"] == 8  # a point with errors is no best
+    ratios = gpubench_serve.serve_ratios(points, decode)
+    assert ratios["best"][gpubench_results.GPU_FLOW]["concurrency"] == 8  # a point with errors is no best
     assert ratios["gpu_flow_over_ceiling"] == pytest.approx(0.8)
     assert ratios["gpu_flow_over_cpu_flow"] == pytest.approx(800 / 300)
     assert ratios["predicted_gpu_flow_over_cpu_flow"] == pytest.approx(1000 / 400)
-    gpubench.record(tmp_path, "decode", {**decode, "images": "16 JPEGs", "spec": "imagenet", "gpu_path_device": "cuda:0",
+    gpubench_results.record(tmp_path, "decode", {**decode, "images": "16 JPEGs", "spec": "imagenet", "gpu_path_device": "cuda:0",
                                          "cpu_threads": 16, "target_images_per_s": 15000})
-    gpubench.record(tmp_path, "serve", {"points": points, "client_processes": 4, "duration_s": 4, "warmup_s": 1,
+    gpubench_results.record(tmp_path, "serve", {"points": points, "client_processes": 4, "duration_s": 4, "warmup_s": 1,
                                         "images": 16, "ratios": ratios, "gpu_memory_mib": {"after_load": {"resnet50_torch": 900}}})
     text = (tmp_path / "summary.md").read_text()
     assert "| 64 | 5000 | 400 | 12.50 |" in text and "gpu_flow_over_ceiling: 0.800 (target: >= 0.8)" in text
