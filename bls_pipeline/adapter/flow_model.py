@@ -55,7 +55,7 @@ def flow_model(pb_utils: Any) -> type:
             self.transport = TritonTransport(pb_utils)
             self.send = self.transport.send
             self.in_process = None
-            settings = self.runtime.runtime
+            settings = self.runtime.options
             if settings.run_in_process and instance_device(args) is not None:
                 log.info("%s: run_in_process is for KIND_CPU instances; on %s every call goes through Triton",
                          args["model_instance_name"], instance_device(args))
@@ -136,10 +136,10 @@ def flow_model(pb_utils: Any) -> type:
                          for i, (res, r) in enumerate(zip(results, requests))]
             assert len(responses) == len(requests), "one response per request"
             times.lap("responses")
-            if self.runtime.runtime.log_executions or self.records.active:  # else nobody reads it: not built
+            if self.runtime.options.log_executions or self.records.active:  # else nobody reads it: not built
                 record = line(execution_record(self.runtime.name, self.instance, times, time.monotonic_ns(), *users,
                                                probes=sum(probe), in_process=self.in_process.models if self.in_process else ()))
-                if self.runtime.runtime.log_executions:
+                if self.runtime.options.log_executions:
                     log.info("%s", record)
                 self.records.send(record)
             return responses

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 class FlowRuntime:
     """One flow model's runtime: its flow, settings and child models, loaded once."""
 
-    def __init__(self, name: str, flow: FlowDefinition, settings: Settings, runtime: RuntimeSettings,
+    def __init__(self, name: str, flow: FlowDefinition, settings: Settings, options: RuntimeSettings,
                  children: dict[str, ChildModel], is_ready: Callable[..., bool], instances: int = 1,
                  device: str | None = None, versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
@@ -62,12 +62,13 @@ class FlowRuntime:
         missing = [m for m in settings.models() if m not in children]
         if missing:
             raise ValueError(f"no ChildModel for {missing}")
-        self.name, self.flow, self.settings, self.runtime = name, flow, settings, runtime
+        # options: the runtime's own settings (RuntimeSettings), the same keys for every flow model.
+        self.name, self.flow, self.settings, self.options = name, flow, settings, options
         self.children = children
         # Which candidate answers, which version, the trials, the waits for a lost model: kept
         # across execute()s (routing.py). versions_of(model): its version folders, newest first
         # (each call then names the newest READY one); None: the version Triton picks.
-        self.router = Router(settings, runtime, is_ready, versions_of, clock, sleep)
+        self.router = Router(settings, options, is_ready, versions_of, clock, sleep)
         self.uses_regions = keep_images  # set by a run that calls regions()
         self._take_children(children)
         # Where each child's label file is (FlowRuntime.load sets it), and the configs as served
@@ -83,7 +84,7 @@ class FlowRuntime:
         # reads bls-serve's model states: model_states.py); none known by default.
         self.failed_loads: Callable[[], Mapping[str, str]] = dict
         self._failure_logged: tuple[str, str] | None = None
-        threads = runtime.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
+        threads = options.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
         # One thread: decode in execute()'s own thread; a one-worker pool only adds handoffs.
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") if threads > 1 else None
         # None: numpy on the CPU; a torch device ("cuda:0"): decoded, preprocessed and scored there.
@@ -92,15 +93,15 @@ class FlowRuntime:
         # The door (admission.py): what Triton measured of the queues (queued False: no queue
         # in front, as in LocalFlow), what an image costs, the latency aim of requests that
         # send no deadline.
-        self.admission = Admission(queued, runtime.latency_target_ms / 1e3, clock, queues=queue_readings, model=name)
+        self.admission = Admission(queued, options.latency_target_ms / 1e3, clock, queues=queue_readings, model=name)
         self.parameters: type[Parameters] = flow.parameters or Parameters
 
     def _take_children(self, children: dict[str, ChildModel]) -> None:
         """Call the children as these configs say; what the runtime derives from them with it."""
         classes = [len(c.labels) for c in children.values() if c.is_classifier]
         max_topk = min(classes) if classes else 1
-        if self.runtime.default_topk > max_topk:
-            raise ConfigError(f"model {self.name}: default_topk={self.runtime.default_topk} but its classifiers have {max_topk} classes")
+        if self.options.default_topk > max_topk:
+            raise ConfigError(f"model {self.name}: default_topk={self.options.default_topk} but its classifiers have {max_topk} classes")
         pixel_specs = [c.preprocess for c in children.values() if c.preprocess is not None]
         # Decoded once per run, preprocessed for the first pixel model declared; another
         # model with the same pixels is re-normalised, one with other pixels (size, colour)
@@ -168,19 +169,19 @@ class FlowRuntime:
         (admission.QueueReading; None: unmeasured)."""
         name = name or Path(model_dir).name
         flow = load_flow(Path(model_dir) / version / "flow.py")
-        runtime, settings = parse_settings(params, flow.settings, name)
+        options, settings = parse_settings(params, flow.settings, name)
         children = {m: load_child(Path(model_dir).parent, m, Path(model_dir)) for m in settings.models()}
-        children.update(_trial_children(runtime, children, Path(model_dir), name))
+        children.update(_trial_children(options, children, Path(model_dir), name))
         if outputs is None:
             outputs = [TensorInfo(t.name, data_type(t), tuple(t.dims)) for t in parse_config(Path(model_dir)).output]
         uses_regions = False
         if check:
-            probe = cls(name, flow, settings, runtime, children, lambda _: True, instances=1, device=device, outputs=outputs)
+            probe = cls(name, flow, settings, options, children, lambda _: True, instances=1, device=device, outputs=outputs)
             check_flow(probe)
             uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
         versions_of = (lambda model: version_folders(repo / model)) if pin_versions else None
-        loaded = cls(name, flow, settings, runtime, children, is_ready, instances, device, versions_of, outputs=outputs,
+        loaded = cls(name, flow, settings, options, children, is_ready, instances, device, versions_of, outputs=outputs,
                      keep_images=uses_regions, queued=queued, queue_readings=queue_readings)
         loaded.child_dirs = {m: child_folder(repo, m, Path(model_dir)) for m in children}
         for warning in loaded.warnings.values():
@@ -280,7 +281,7 @@ class FlowRuntime:
             timings.classify = time.perf_counter() - t0 - run.preprocess_in_flow
         with hooks.stage("top_k"):
             predictions(answer, run.owners, requests, results, timings, flow=self.name, declared=self.declared,
-                        default_topk=self.runtime.default_topk, device=self.device, warnings=self.warnings)
+                        default_topk=self.options.default_topk, device=self.device, warnings=self.warnings)
 
     def _no_model_error(self, run: Execution) -> RequestError:
         """No candidate READY for a role: UNAVAILABLE (try again later), unless one of its
@@ -302,8 +303,8 @@ class FlowRuntime:
         total = sum(len(b) for b in req.images)
         if len(req.images) == 0:
             error = RequestError("IMAGE is empty: send at least one encoded image", "bad_request")
-        elif total > self.runtime.max_request_bytes:
-            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the {self.runtime.max_request_bytes}-byte limit", "too_large")
+        elif total > self.options.max_request_bytes:
+            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the {self.options.max_request_bytes}-byte limit", "too_large")
         elif isinstance(req.topk, tuple) and len(set(req.topk)) > 1:
             error = RequestError(f"TOPK differs between the images of one request ({sorted(set(req.topk))}): send one value", "bad_request")
         elif req.k is not None and not 1 <= req.k <= self.max_topk:
@@ -324,12 +325,12 @@ def renormalize_impossible(have: PreprocessSpec | None, want: PreprocessSpec) ->
     return have is not None and have != want and renormalize(np.zeros((0, *have.input_shape), have.numpy_dtype), have, want) is None
 
 
-def _trial_children(runtime: RuntimeSettings, children: dict[str, ChildModel], model_dir: Path,
+def _trial_children(options: RuntimeSettings, children: dict[str, ChildModel], model_dir: Path,
                     name: str) -> dict[str, ChildModel]:
     """The shadow's and canary's candidate models, checked: the stable one is a model the
     flow calls, the candidate is in the repository and answers like it (same labels)."""
     found = {}
-    for key, trial in (("shadow", runtime.shadow), ("canary", runtime.canary)):
+    for key, trial in (("shadow", options.shadow), ("canary", options.canary)):
         if trial is None:
             continue
         stable = children.get(trial.stable)

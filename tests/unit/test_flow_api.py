@@ -476,7 +476,7 @@ class Server:
 
 def served(model_dir: Path, server: Server, **params) -> FlowRuntime:
     rt = FlowRuntime.load(model_dir, {k: str(v) for k, v in params.items()}, server.is_ready)
-    return FlowRuntime(rt.name, rt.flow, rt.settings, rt.runtime, rt.children, server.is_ready,
+    return FlowRuntime(rt.name, rt.flow, rt.settings, rt.options, rt.children, server.is_ready,
                        versions_of=server.versions_of, clock=server.clock, sleep=server.sleep)
 
 
@@ -575,7 +575,7 @@ def test_a_child_without_version_folders_beside_the_flow_is_called_unpinned(repo
     # version folders of its children; it calls them as before pinning, and Triton picks.
     server = Server(FUNCTIONS)
     pinned = served(write_flow(repo, MAIN_ONLY), server)
-    rt = FlowRuntime(pinned.name, pinned.flow, pinned.settings, pinned.runtime, pinned.children, server.is_ready,
+    rt = FlowRuntime(pinned.name, pinned.flow, pinned.settings, pinned.options, pinned.children, server.is_ready,
                      versions_of=lambda model: (), clock=server.clock, sleep=server.sleep)
     (result,), _ = rt.run([ImageRequest([RED])], server.send)
     assert result.routes[0, 0] == b"cls_a:main"

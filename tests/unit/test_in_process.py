@@ -162,7 +162,7 @@ def test_the_flow_answers_in_process_as_localflow_does(repo):
     shutil.rmtree(repo / CHILD / "2")  # LocalFlow runs version 1
     params = {"cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": CHILD}
     runtime = FlowRuntime.load(repo / "classify_bls", params, lambda *_: True)
-    children = InProcessChildren("classify_bls", repo, runtime.runtime.run_in_process, runtime.settings.candidate_lists())
+    children = InProcessChildren("classify_bls", repo, runtime.options.run_in_process, runtime.settings.candidate_lists())
 
     def no_triton(requests):
         raise AssertionError(f"sent to Triton: {[r.model for r in requests]}")

@@ -299,7 +299,7 @@ class Calls:
         model, error = plan.failure
         return ChildCallError(f"{plan.kind} {model} could not take the call ({error}), and no candidate "
                               f"({', '.join(plan.candidates)}) answered within "
-                              f"child_retry_s={self._router.runtime.child_retry_s:g} s",
+                              f"child_retry_s={self._router.options.child_retry_s:g} s",
                               unavailable=True, model=model, role=self._router.role(plan.candidates))
 
     def _failed(self, batch: CallTarget, plan: _Plan, error: ChildCallError) -> Scores | Outputs:

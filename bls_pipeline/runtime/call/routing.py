@@ -61,19 +61,19 @@ class Router:
     ROUTE can say which answered; None: is_ready(model) and the version Triton picks.
     """
 
-    def __init__(self, settings: Settings, runtime: RuntimeSettings, is_ready: Callable[..., bool],
+    def __init__(self, settings: Settings, options: RuntimeSettings, is_ready: Callable[..., bool],
                  versions_of: Callable[[str], tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-        self.settings, self.runtime = settings, runtime
+        self.settings, self.options = settings, options
         self._is_ready = is_ready
         self._versions_of = versions_of
         self.clock, self.sleep = clock, sleep
         # Shadow and canary (trials.py). A version on trial is called as the stable one only
         # when no other version is READY.
-        trials = [t for t in (runtime.shadow, runtime.canary) if t is not None]
+        trials = [t for t in (options.shadow, options.canary) if t is not None]
         self._on_trial = {(t.model, t.version) for t in trials if t.version}
-        self.shadow = Shadow(runtime.shadow, runtime.shadow_max_in_flight) if runtime.shadow else None
-        self.canary = runtime.canary if runtime.canary and runtime.canary.share > 0 else None
+        self.shadow = Shadow(options.shadow, options.shadow_max_in_flight) if options.shadow else None
+        self.canary = options.canary if options.canary and options.canary.share > 0 else None
         self.rng = random.Random()
         # Where mirrored calls go: None sends them through the execute()'s own transport, when
         # the stable answer is back (LocalFlow); the adapter gives them one of their own, used
@@ -117,7 +117,7 @@ class Router:
     def chooser(self, candidates: tuple[str, ...]) -> CandidateChooser:
         chooser = self._choosers.get(candidates)
         if chooser is None:
-            chooser = self._choosers[candidates] = CandidateChooser(candidates, self.ready, self.runtime.route_recheck_s)
+            chooser = self._choosers[candidates] = CandidateChooser(candidates, self.ready, self.options.route_recheck_s)
         return chooser
 
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool:
@@ -155,7 +155,7 @@ class Router:
         """Until when a call on `candidates` waits for one to answer: child_retry_s after its own
         failure, or after the latest loss of one of them (a call that finds none READY while the
         watchdog reloads a model that just lost its stub); None: it does not wait."""
-        bound = self.runtime.child_retry_s
+        bound = self.options.child_retry_s
         if bound <= 0:
             return None
         if failed:

@@ -44,7 +44,7 @@ class Execution:
         self._costs = runtime.admission.costs
         self.device = runtime.device
         self.children = runtime.children
-        self.max_regions = runtime.runtime.max_regions_per_image
+        self.max_regions = runtime.options.max_regions_per_image
         self.declared = runtime.declared
         self._results = results
         # The last call that found no candidate READY: (its role, its candidates, its kind).
@@ -62,7 +62,7 @@ class Execution:
         if spec is not None:  # else every model takes the encoded bytes: nothing to decode
             t0 = time.perf_counter()
             with hooks.stage("decode_preprocess"):
-                decoded = self.device.decode(images, runtime.runtime.decode, spec, keep_images=runtime.keep_images)
+                decoded = self.device.decode(images, runtime.options.decode, spec, keep_images=runtime.keep_images)
             for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
                 results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
                 timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
@@ -123,7 +123,7 @@ class Execution:
                 for i in np.flatnonzero(skipped):
                     r = int(owners[i])
                     aim = "deadline" if math.isfinite(self._clock.deadlines[r]) else \
-                        f"latency_target_ms={self._runtime.runtime.latency_target_ms:g}"
+                        f"latency_target_ms={self._runtime.options.latency_target_ms:g}"
                     reasons[i] = (f"overloaded: this request's {aim} had passed before {stage} (by {-left[r] * 1e3:.0f} ms)"
                                   if left[r] <= 0 else
                                   f"overloaded: {stage} would answer in about {need * 1e3:.0f} ms (its queue "
@@ -138,7 +138,7 @@ class Execution:
 
     def degrades(self) -> bool:
         """Whether optional rows are skipped under overload (overload: degrade) rather than run."""
-        return self._runtime.runtime.overload == "degrade" and not self._probe
+        return self._runtime.options.overload == "degrade" and not self._probe
 
     def predict(self, stage: str, rows: int) -> float:
         """Seconds a call of `rows` rows to `stage` (a child) takes now: the wait Triton last
@@ -236,7 +236,7 @@ class Execution:
             log.warning("flow %s: the load check did not see it cut regions, so the images are decoded again for them; "
                         "call regions() on the probe image's path to keep them from the first decode", self._runtime.name)
             t0 = time.perf_counter()
-            again = self.device.decode([[data] for data in self._encoded], self._runtime.runtime.decode, spec, keep_images=True)
+            again = self.device.decode([[data] for data in self._encoded], self._runtime.options.decode, spec, keep_images=True)
             self._decoded, self._scales = again.images, again.scales
             self._timings.decode_preprocess += time.perf_counter() - t0
         return self._decoded, self._scales

@@ -96,9 +96,9 @@ def declared_calls(model_dir: Path, version: str = "1") -> tuple[tuple[tuple[str
     """The flow's lists of candidates, each in its order of preference (a shadow's or a
     canary's model a list of its own), and the children it runs in its own process (its
     run_in_process), both with its config.pbtxt's settings applied: the flow read once."""
-    runtime, settings = flow_settings(model_dir, version)
-    trials = tuple((t.model,) for t in (runtime.shadow, runtime.canary) if t is not None)
-    return tuple(tuple(c) for c in settings.candidate_lists()) + trials, runtime.run_in_process
+    options, settings = flow_settings(model_dir, version)
+    trials = tuple((t.model,) for t in (options.shadow, options.canary) if t is not None)
+    return tuple(tuple(c) for c in settings.candidate_lists()) + trials, options.run_in_process
 
 
 def declared_in_process(model_dir: Path, version: str = "1") -> tuple[str, ...]:
