@@ -66,7 +66,7 @@ class CallTarget(Protocol):
     def _image_rows(self, rows: np.ndarray) -> np.ndarray: ...
 
 
-class Execution(Protocol):
+class CallContext(Protocol):
     """What the calls need of the execute() they belong to (execution.Execution)."""
 
     device: Device
@@ -116,7 +116,7 @@ class _Plan:
 class Calls:
     """The child calls of one execute(). trials: a shadow and a canary apply (not to probes)."""
 
-    def __init__(self, execution: Execution, router: Router, trials: bool = True):
+    def __init__(self, execution: CallContext, router: Router, trials: bool = True):
         self._exec, self._router, self._trials = execution, router, trials
         self._device = execution.device
 

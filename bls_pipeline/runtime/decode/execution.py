@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class Execution:
     """One execute(): its rows (the good requests' images), their pixels, its calls, what was
-    tried. The Batch's RunContext (batch.py) and the calls' Execution (calls.py).
+    tried. The Batch's RunContext (batch.py) and the calls' CallContext (calls.py).
 
     runtime: the flow model's FlowRuntime (engine.py); send: the transport; probe: health
     probes, answered on the stable models alone (no shadow, no canary).
