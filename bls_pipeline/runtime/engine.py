@@ -220,8 +220,8 @@ class FlowRuntime:
             self.admission.admit(clock, results, timings)
         if at_door is not None and any(res is not None for res in results):
             at_door(list(results))
-        run = Execution(self, requests, results, send, timings, probe=probe, clock=clock,
-                        parameters=[None if isinstance(v, RequestError) else v for v in values])
+        run = Execution.start(self, requests, results, send, timings, probe=probe, clock=clock,
+                              parameters=[None if isinstance(v, RequestError) else v for v in values])
         try:
             if run.rows:
                 self._answer(run, requests, results, timings)

@@ -37,6 +37,8 @@ class Execution:
 
     def __init__(self, runtime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings,
                  probe: bool = False, clock: RequestClock | None = None, parameters: Sequence[dict | None] = ()):
+        """The execute() as it comes in: its rows are the images of the requests not failed yet,
+        nothing decoded (start() decodes them)."""
         self._runtime, self.transport, self._timings = runtime, send, timings
         self._requests = requests
         self._clock = clock if clock is not None else RequestClock.start(requests, runtime.clock(), 0.0, runtime.clock)
@@ -52,28 +54,48 @@ class Execution:
         self._trials = not probe
         self._probe = probe
         self.preprocess_in_flow = 0.0
-        images = [req.images if results[r] is None else None for r, req in enumerate(requests)]
+        images = self._good_images()
         self._encoded = [data for imgs in images if imgs is not None for data in imgs]
         self.owners = np.array([r for r, imgs in enumerate(images) if imgs is not None for _ in imgs], dtype=np.int64)
         self._pixels: dict[PreprocessSpec, object] = {}  # the device's arrays
         self._decoded = None
         self._scales = None
+        self.rows = len(self.owners)
+
+    @classmethod
+    def start(cls, runtime, requests: Sequence[ImageRequest], results: list, send: Send, timings: Timings, *,
+              probe: bool = False, clock: RequestClock | None = None,
+              parameters: Sequence[dict | None] = ()) -> "Execution":
+        """One execute() begun: the good requests' images decoded and preprocessed once, for the
+        first pixel model the flow declares; a bad image fails its own request (in `results`),
+        naming it, and its request's images leave the rows."""
+        run = cls(runtime, requests, results, send, timings, probe, clock, parameters)
+        run._decode()
+        return run
+
+    def _good_images(self) -> list:
+        """Each request's images, None for a request failed already."""
+        return [req.images if self._results[r] is None else None for r, req in enumerate(self._requests)]
+
+    def _decode(self) -> None:
+        runtime, results, requests, timings = self._runtime, self._results, self._requests, self._timings
         spec = runtime.primary_spec
-        if spec is not None:  # else every model takes the encoded bytes: nothing to decode
-            t0 = time.perf_counter()
-            with hooks.stage("decode_preprocess"):
-                decoded = self.device.decode(images, runtime.options.decode, spec, keep_images=runtime.keep_images)
-            for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
-                results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
-                timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
-            if decoded.errors:  # the failed requests' images leave the batch
-                self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
-            self.owners = decoded.owners
-            self._pixels[spec] = decoded.batch
-            self._decoded = decoded.images
-            self._scales = decoded.scales
-            timings.decode_preprocess += time.perf_counter() - t0
-            self._costs.observe("decode", time.perf_counter() - t0, len(self._encoded))
+        if spec is None:  # every model takes the encoded bytes: nothing to decode
+            return
+        t0 = time.perf_counter()
+        with hooks.stage("decode_preprocess"):
+            decoded = self.device.decode(self._good_images(), runtime.options.decode, spec, keep_images=runtime.keep_images)
+        for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
+            results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
+            timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
+        if decoded.errors:  # the failed requests' images leave the batch
+            self._encoded = [data for data, k in zip(self._encoded, np.isin(self.owners, decoded.owners)) if k]
+        self.owners = decoded.owners
+        self._pixels[spec] = decoded.batch
+        self._decoded = decoded.images
+        self._scales = decoded.scales
+        timings.decode_preprocess += time.perf_counter() - t0
+        self._costs.observe("decode", time.perf_counter() - t0, len(self._encoded))
         self.rows = len(self.owners)
 
     # ---- the requests behind the rows ----------------------------------------------------
