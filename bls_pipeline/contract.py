@@ -75,7 +75,7 @@ PROBE_REQUEST_ID = "bls_probe"
 # Set by bls-serve likewise: a JSON file it keeps current with every model's state in Triton's
 # repository index and, for one that failed to load, why ({"model": {"state": "UNAVAILABLE",
 # "reason": "..."}}). A flow whose candidates are not READY reads it to tell a load that failed
-# (a broken part: INTERNAL) from a model still to come (UNAVAILABLE) (runtime/load/model_states.py).
+# (a broken part: INTERNAL) from a model still to come (UNAVAILABLE) (runtime/load/states_file.py).
 MODEL_STATES_ENV = "BLS_MODEL_STATES"
 # Set by bls-serve likewise: a Unix datagram socket it reads; each flow instance sends it one
 # JSON record per execute() (adapter/records.py), which `bls-explain` joins with Triton's trace

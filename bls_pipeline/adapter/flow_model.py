@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import CLASS_IDS, EXECUTIONS_ENV, IMAGE, LABELS, MODEL_STATES_ENV, ROUTE, SCORES, TOPK
-from ..runtime.load import model_states
+from ..runtime.load import states_file
 from ..runtime.engine import FlowRuntime
 from ..runtime.call.in_process import InProcessChildren
 from ..runtime.results import BAD_INPUT, BROKEN, CANCELLED, UNAVAILABLE, ImageRequest, Prediction
@@ -73,9 +73,9 @@ def flow_model(pb_utils: Any) -> type:
             self.instance = args["model_instance_name"]
             self.records = RecordSink(os.environ.get(EXECUTIONS_ENV))  # bls-serve's, for bls-explain
             # A candidate that failed to load makes a request INTERNAL, not UNAVAILABLE (bls-serve's states).
-            self.runtime.failed_loads = model_states.reader(os.environ.get(MODEL_STATES_ENV))
+            self.runtime.failed_loads = states_file.reader(os.environ.get(MODEL_STATES_ENV))
             # A child loaded again with another config is called as served now (bls-serve's states).
-            self.served = model_states.ServedConfigs(os.environ.get(MODEL_STATES_ENV))
+            self.served = states_file.ServedConfigs(os.environ.get(MODEL_STATES_ENV))
             freeze_startup_objects()
 
         def execute(self, requests):

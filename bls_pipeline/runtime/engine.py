@@ -81,7 +81,7 @@ class FlowRuntime:
         # Where a failed request's reader finds what its message leaves out (LocalFlow says its own).
         self.details = "details in the server log"
         # {model: why its load failed}, asked when a role has no READY candidate (the adapter
-        # reads bls-serve's model states: model_states.py); none known by default.
+        # reads bls-serve's model states: states_file.py); none known by default.
         self.failed_loads: Callable[[], Mapping[str, str]] = dict
         self._failure_logged: tuple[str, str] | None = None
         threads = options.decode_threads or max(1, (os.cpu_count() or 1) // max(1, instances))
@@ -119,7 +119,7 @@ class FlowRuntime:
 
     def follow_children(self, served: Mapping[str, object]) -> tuple[str, ...]:
         """Take the children's configs as served now ({model: ModelConfig}; bls-serve's model
-        states, model_states.ServedConfigs): each child whose served config makes another
+        states, states_file.ServedConfigs): each child whose served config makes another
         ChildModel (dims, max_batch_size, labels, preprocessing ...) is called that way from
         now on. One that makes no ChildModel a flow can call keeps the old one, logged. The
         children that changed."""

@@ -38,8 +38,8 @@ from . import stopping
 from .liveness import Liveness
 from .options import ServerOptions, check_ports_free, listening
 from .processes import (die_with_parent, end_orphans, shm_prefix)
-from .followers import FlowRetries
-from .states import ModelStates
+from .flow_retries import FlowRetries
+from .model_index import ModelStates
 from .queue_monitor import QueueMonitor
 from .status import RESTART_CAUSES, ServerState, StatusServer
 from .tritonlog import LoadFailure, LogPump, LogWatch
@@ -364,7 +364,7 @@ class TritonServer:
 
     def _load_flows_again(self) -> None:
         """Load again each flow that failed its load, once one of its children changed since
-        (followers.py): a fixed child brings back the flow that failed for it."""
+        (flow_retries.py): a fixed child brings back the flow that failed for it."""
         for flow, ready in self._flow_retries.due(self.states.states).items():
             log.info("loading %s again: %s changed since its load failed", flow, ", ".join(ready))
             try:

@@ -46,7 +46,7 @@ a tritonserver that hangs makes /ready say so, at once, instead of hanging it to
                     dropped there: not a refusal (Triton's {reason="CANCELED"}); the flows count
                     those they drop themselves in bls_requests_total{code="CANCELLED"}
     GET /requests?slowest=N, ?id=ID   the recent traced requests (the last KEEP) explained
-                    (explain.py); &model=M: of that model only, &since=S: arrived in the last S
+                    (request_join.py); &model=M: of that model only, &since=S: arrived in the last S
                     seconds. 409 with tracing off
 
 The latencies come from Triton's own request traces (level TIMESTAMPS, one file per trace,
@@ -73,8 +73,8 @@ from typing import Callable, Mapping, Sequence
 
 from ..base.messages import first_line
 from ..contract import PROBE_REQUEST_ID
-from .explain import explain, slowest
-from .states import ModelStates
+from .request_join import explain, slowest
+from .model_index import ModelStates
 from .traces import CANCELLED, QUEUE_FULL, QUEUE_TIMEOUT, RequestTrace, TraceFiles
 
 __all__ = ["LATENCY_BOUNDS", "RESTART_CAUSES", "Histogram", "ServerState", "StatusServer"]

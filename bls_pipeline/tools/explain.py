@@ -7,7 +7,7 @@
 
 bls-serve traces every request (Triton's tracing: queue, compute) and each flow instance sends
 it a record of each execute() (read, decode, each child call, the flow's own code, the answers,
-probes beside them, the responses); bls-serve's status port joins them (serve/explain.py) for
+probes beside them, the responses); bls-serve's status port joins them (serve/request_join.py) for
 its last 10,000 requests. This prints the join, part by part, with the share of Triton's compute
 the measured parts cover.
 
@@ -57,7 +57,7 @@ def set_log_executions(admin: RepositoryAdmin, flow: str, on: bool) -> bool:
 
 
 def render(found: dict) -> str:
-    """One explained request (serve/explain.py's dict) as the lines bls-explain prints."""
+    """One explained request (serve/request_join.py's dict) as the lines bls-explain prints."""
     name = found["request_id"] or f"#{found['trace_id']}"
     total = found.get("total_ms")
     lines = [f"{found['model']} request {name} (trace {found['trace_id']}): "

@@ -17,7 +17,7 @@ import pytest
 from bls_pipeline.base.modelconfig import ConfigFileError, parse_config
 from bls_pipeline.serve import cli
 from bls_pipeline.serve.repository import Repository, config_problems, plan_loading
-from bls_pipeline.serve.states import ModelStates
+from bls_pipeline.serve.model_index import ModelStates
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 UNPARSABLE = 'name: "broken"\nbackend: "python"\nmax_batch_size: 64 {\n'  # what the operator wrote

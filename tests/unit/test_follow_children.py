@@ -1,7 +1,7 @@
 """Flows follow their children (issue 42), the pure parts: a flow calls a child as it is served
 now (FlowRuntime.follow_children, from bls-serve's model states), splits its calls at the max
 batch the server names when it refuses one, and bls-serve loads again a flow that failed its
-load once one of its children changes (serve/followers.py). The served whole:
+load once one of its children changes (serve/flow_retries.py). The served whole:
 tests/integration/test_flows_follow_children.py."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from PIL import Image
 
 from bls_pipeline.flow import LocalFlow
 from bls_pipeline.runtime.call.batch import ChildCallError
-from bls_pipeline.runtime.load.model_states import ServedConfigs, served_configs
+from bls_pipeline.runtime.load.states_file import ServedConfigs, served_configs
 from bls_pipeline.base.modelconfig import parse_config
 from bls_pipeline.runtime.results import ImageRequest, Prediction
-from bls_pipeline.serve.followers import FlowRetries
+from bls_pipeline.serve.flow_retries import FlowRetries
 from google.protobuf import json_format
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -1,10 +1,10 @@
-"""The model states bls-serve keeps for its flows (runtime/load/model_states.py): which loads failed."""
+"""The model states bls-serve keeps for its flows (runtime/load/states_file.py): which loads failed."""
 
 from __future__ import annotations
 
 import json
 
-from bls_pipeline.runtime.load.model_states import failed_loads, reader
+from bls_pipeline.runtime.load.states_file import failed_loads, reader
 
 
 def test_only_a_load_that_failed_is_a_failure():

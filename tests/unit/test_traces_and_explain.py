@@ -1,5 +1,5 @@
 """Triton's trace files as bls-serve reads them (serve/traces.py), a request's time joined with
-its execute()'s record (serve/explain.py), and the status port's histogram (serve/status.py).
+its execute()'s record (serve/request_join.py), and the status port's histogram (serve/status.py).
 The trace entries have the shape Triton 2.51 writes (tests/integration/test_observability.py
 reads real ones)."""
 
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from bls_pipeline.serve.explain import explain, slowest
+from bls_pipeline.serve.request_join import explain, slowest
 from bls_pipeline.serve.status import LATENCY_BOUNDS, Histogram
 from bls_pipeline.serve.traces import TraceFiles, parse
 from bls_pipeline.tools.explain import main as explain_main, parse_duration, render
@@ -174,7 +174,7 @@ def test_the_status_port_counts_users_requests_refusals_and_cancellations_apart(
     whose client had gone while queued: the histogram counts the first, the refusals the two
     refused by their reason, the cancellations the last two, in a series of their own."""
     from bls_pipeline.serve.admin import RepositoryAdmin
-    from bls_pipeline.serve.states import ModelStates
+    from bls_pipeline.serve.model_index import ModelStates
     from bls_pipeline.serve.status import StatusServer
 
     files = [_entries(1, "classify_bls", "user", _request(0, MS, 40 * MS)),
@@ -233,7 +233,7 @@ def test_the_status_port_answers_the_slowest_of_a_model_in_a_window(tmp_path, ca
     import time
 
     from bls_pipeline.serve.admin import RepositoryAdmin
-    from bls_pipeline.serve.states import ModelStates
+    from bls_pipeline.serve.model_index import ModelStates
     from bls_pipeline.serve.status import StatusServer
 
     now = time.monotonic_ns()

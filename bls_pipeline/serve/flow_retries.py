@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from ..runtime.load.model_states import load_failure
+from ..runtime.load.states_file import load_failure
 
 __all__ = ["FlowRetries"]
 

@@ -3,7 +3,7 @@
 config as served. bls-serve's watchdog probes the python models READY now (models loaded
 later through the repository API too), its /ready and /metrics read the states, and the
 flows read them from a file (contract.MODEL_STATES_ENV) to tell a failed load from a model
-still to come (runtime/load/model_states.py). A model bls-serve was to load whose config.pbtxt
+still to come (runtime/load/states_file.py). A model bls-serve was to load whose config.pbtxt
 does not read (Triton's index gives it no state: it only logs "failed to poll") shows as a
 failed load, UNAVAILABLE with the file and the reason, until Triton's index gives it a state
 or its file reads again.
@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 
 from google.protobuf import json_format
 
-from ..runtime.load.model_states import load_failure
+from ..runtime.load.states_file import load_failure
 from ..base.modelconfig import ModelConfig
 from .admin import AdminError, RepositoryAdmin
 
