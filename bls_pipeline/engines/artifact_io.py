@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..base.dtypes import ONNX_TYPES, OPENVINO_TYPES
 from ..base.tensors import TensorInfo
 from ..base.modelconfig import ModelConfig, data_type
 from ..base.errors import ConfigError
@@ -114,21 +115,13 @@ class Declared:
         return None
 
 
-_ONNX_TYPES = {"float": "FP32", "float16": "FP16", "double": "FP64", "bfloat16": "BF16", "int8": "INT8", "int16": "INT16",
-               "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32",
-               "uint64": "UINT64", "bool": "BOOL", "string": "STRING"}
-_OPENVINO_TYPES = {"f32": "FP32", "f16": "FP16", "f64": "FP64", "bf16": "BF16", "i8": "INT8", "i16": "INT16", "i32": "INT32",
-                   "i64": "INT64", "u8": "UINT8", "u16": "UINT16", "u32": "UINT32", "u64": "UINT64", "boolean": "BOOL",
-                   "string": "STRING"}
-
-
 def onnx_tensors(args: Sequence) -> list[FileTensor]:
     """onnxruntime's NodeArgs (session.get_inputs() / get_outputs()) as FileTensors."""
     out = []
     for arg in args:
         kind = arg.type[len("tensor("):-1] if arg.type.startswith("tensor(") else arg.type
         dims = tuple(d if isinstance(d, int) and d >= 0 else None for d in (arg.shape or ()))
-        out.append(FileTensor(arg.name, _ONNX_TYPES.get(kind, kind), dims))
+        out.append(FileTensor(arg.name, ONNX_TYPES.get(kind, kind), dims))
     return out
 
 
@@ -139,7 +132,7 @@ def openvino_tensors(ports: Sequence, names: Sequence[str]) -> list[FileTensor]:
         name = next((n for n in names if n in port.get_names()), port.get_any_name())
         kind = port.get_element_type().get_type_name()
         dims = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
-        out.append(FileTensor(name, _OPENVINO_TYPES.get(kind, kind), dims))
+        out.append(FileTensor(name, OPENVINO_TYPES.get(kind, kind), dims))
     return out
 
 

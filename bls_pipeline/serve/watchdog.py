@@ -58,6 +58,7 @@ from PIL import Image
 
 from ..contract import PROBE_PARAMETER, PROBE_REQUEST_ID
 from ..base.dtypes import numpy_dtype
+from ..base.modelconfig import data_type
 from ..base.messages import first_line
 from .admin import model_ready
 from .processes import model_of, stubs
@@ -154,14 +155,12 @@ def _tiny_jpeg() -> bytes:
 
 def _probe_inputs(tc, config) -> list:
     """A batch-1 request from a model's config: a tiny JPEG for strings, zeros otherwise."""
-    from tritonclient.grpc import model_config_pb2 as mc
-
     inputs = []
     for spec in config.input:
         if spec.optional:
             continue
         dims = [1 if d < 0 else d for d in ([1] if config.max_batch_size > 0 else []) + list(spec.dims)]
-        dtype = mc.DataType.Name(spec.data_type).replace("TYPE_", "")
+        dtype = data_type(spec)
         if dtype == "STRING":
             tensor, data = tc.InferInput(spec.name, dims, "BYTES"), np.full(dims, _tiny_jpeg(), dtype=object)
         else:

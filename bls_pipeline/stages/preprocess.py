@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from ..base.dtypes import PIXEL_TYPES, numpy_dtype
+
 __all__ = ["PAD_PLACES", "PreprocessSpec", "crop_box", "placement", "preprocess_into", "renormalize"]
 
 # Column-cropped intermediates up to this many times resize**2 pixels are materialised;
@@ -37,7 +39,7 @@ COLOURS = {"RGB": 3, "BGR": 3, "GRAY": 1}
 RESIZE_MODES = ("shorter_side", "stretch", "keep_aspect")
 # keep_aspect: where the scaled image sits in the input, the rest padded.
 PAD_PLACES = ("bottom_right", "centre")
-DTYPES = {"FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8}
+DTYPES = {name: numpy_dtype(name) for name in PIXEL_TYPES}
 
 
 @dataclass(frozen=True)

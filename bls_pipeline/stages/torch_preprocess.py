@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..base.dtypes import PIXEL_TYPES, numpy_dtype
 from .preprocess import PreprocessSpec, _crop_offset, _resized_size, placement
 
 __all__ = ["TORCH_DTYPES", "crop_batch", "decode_jpegs", "flip", "orient", "preprocess_batch", "renormalize"]
@@ -34,7 +35,8 @@ __all__ = ["TORCH_DTYPES", "crop_batch", "decode_jpegs", "flip", "orient", "prep
 _MAX_RESIZED_AREA = 16
 # ITU-R 601-2 luma, as Pillow's convert("L").
 _LUMA = (0.299, 0.587, 0.114)
-TORCH_DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "UINT8": torch.uint8}
+# The same types as torch's, keyed like stages/preprocess.py's DTYPES (torch names them as numpy does).
+TORCH_DTYPES = {name: getattr(torch, np.dtype(numpy_dtype(name)).name) for name in PIXEL_TYPES}
 
 
 def decode_jpegs(datas: Sequence[bytes], device: torch.device | str) -> list[torch.Tensor]:

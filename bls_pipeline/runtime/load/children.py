@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...stages.preprocess import COLOURS, IMAGENET_MEAN, IMAGENET_STD, LAYOUTS, PAD_PLACES, RESIZE_MODES, PreprocessSpec
+from ...base.dtypes import PIXEL_TYPES
 from ...base.tensors import TensorInfo
 from ...base.modelconfig import data_type, parse_config, string_parameters
 from ...base.errors import ConfigError
@@ -108,7 +109,6 @@ class ChildModel:
 _PREPROCESS_KEYS = ("preprocess_resize_mode", "preprocess_resize", "preprocess_colour", "preprocess_layout",
                     "preprocess_scale", "preprocess_mean", "preprocess_std", "preprocess_crop", "preprocess_pad",
                     "preprocess_pad_value")
-_PIXEL_TYPES = ("FP32", "FP16", "UINT8")
 
 
 def _values(model: str, key: str, raw: str, count: int) -> tuple[float, ...]:
@@ -244,7 +244,7 @@ def _weights_warning(name: str, model_dir: Path | None, params: dict[str, str]) 
 
 
 def _looks_like_image(tensor: TensorInfo) -> bool:
-    return tensor.dtype == "STRING" or (tensor.dtype in _PIXEL_TYPES and len(tensor.dims) == 3)
+    return tensor.dtype == "STRING" or (tensor.dtype in PIXEL_TYPES and len(tensor.dims) == 3)
 
 
 def _image_input(name: str, inputs: tuple[TensorInfo, ...], params: dict[str, str]) -> TensorInfo | None:
@@ -254,9 +254,9 @@ def _image_input(name: str, inputs: tuple[TensorInfo, ...], params: dict[str, st
         if chosen is None:
             raise ConfigError(f"model {name}: parameter image_input={params['image_input']!r} names no input; "
                               f"its inputs: {', '.join(t.name for t in inputs)}")
-        if chosen.dtype not in ("STRING", *_PIXEL_TYPES):
+        if chosen.dtype not in ("STRING", *PIXEL_TYPES):
             raise ConfigError(f"model {name}: image input {chosen.name} is TYPE_{chosen.dtype}; an image input is TYPE_STRING "
-                              f"(encoded bytes) or pixels as {', '.join('TYPE_' + t for t in _PIXEL_TYPES)}")
+                              f"(encoded bytes) or pixels as {', '.join('TYPE_' + t for t in PIXEL_TYPES)}")
         return chosen
     required = [t for t in inputs if not t.optional]
     if len(required) == 1 and _looks_like_image(required[0]):
