@@ -45,7 +45,8 @@ from .runtime.call.batch import Answer, Batch, ChildCallError, Classify, FlowErr
 from .runtime.local import LocalFlow, RequestFailed
 from .runtime.load.parameters import Parameters
 from .runtime.results import ImageRequest, Prediction, RequestError
-from .runtime.load.settings import Candidates, Probability, Settings
+from .runtime.load.fields import Candidates, Probability
+from .runtime.load.settings import Settings
 
 __all__ = [
     "Answer",

@@ -37,7 +37,8 @@ from .decode.execution import Execution
 from .load.loadcheck import check_flow
 from .load.loader import FlowDefinition, load_flow
 from ..base.modelconfig import data_type, parse_config
-from .load.parameters import ParameterError, Parameters
+from .load.fields import ParameterError
+from .load.parameters import Parameters
 from .answer.predictions import check_filled, predictions
 from .results import BROKEN, UNAVAILABLE, ImageRequest, Prediction, RequestError, Timings
 from .call.routing import Router

@@ -19,7 +19,8 @@ from bls_pipeline.runtime.admit.admission import Admission, Costs, QueueReading
 from bls_pipeline.runtime.results import Timings
 from bls_pipeline.serve.queue_monitor import QueueWindows, queue_totals
 from bls_pipeline.runtime.call.calls import ChildRequest
-from bls_pipeline.runtime.load.parameters import ParameterError, Parameters
+from bls_pipeline.runtime.load.fields import ParameterError
+from bls_pipeline.runtime.load.parameters import Parameters
 from bls_pipeline.runtime.results import CANCELLED, UNAVAILABLE, ImageRequest, Prediction, RequestError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

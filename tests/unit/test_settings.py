@@ -14,7 +14,8 @@ from bls_pipeline.stages.decode import DEFAULT_FORMATS, DecodePolicy
 from bls_pipeline.stages.preprocess import PreprocessSpec
 from bls_pipeline.runtime.load.children import Detector, child_model, load_child
 from bls_pipeline.base.modelconfig import RELOAD_KEY
-from bls_pipeline.runtime.load.settings import Candidates, Probability, RuntimeSettings, Settings, parse_settings
+from bls_pipeline.runtime.load.fields import Candidates, Probability
+from bls_pipeline.runtime.load.settings import RuntimeSettings, Settings, parse_settings
 from bls_pipeline.base.errors import ConfigError
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

@@ -26,7 +26,7 @@ from ..decode.device import Device
 from ..errors import ChildCallError, FlowError, NoModelReady
 from .rows import Rows
 from .scores import Column, Outputs, Scores
-from ..load.settings import Candidates
+from ..load.fields import Candidates
 
 __all__ = ["Answer", "Batch", "ChildCallError", "Classify", "Column", "FlowError", "Infer", "NoModelReady", "Outputs",
            "Regions", "RunContext", "Scores"]

@@ -48,7 +48,7 @@ from ...base.tensors import TensorInfo
 from ...base.modelconfig import data_type, parse_config, string_parameters
 from ...base.errors import ConfigError
 from ...engines.artifact_io import exported_weights
-from .settings import _as_float, _as_int
+from .fields import as_float, as_int
 
 __all__ = ["CHILDREN_DIR", "ChildModel", "Detector", "child_folder", "child_model",
            "load_child", "version_folders"]
@@ -155,10 +155,10 @@ def _preprocess(model: str, tensor: TensorInfo, params: dict[str, str]) -> Prepr
                           f"{channels} channel(s) ({layout} dims {list(dims)}): write one of "
                           f"{', '.join(c for c, n in COLOURS.items() if n == channels) or 'nothing: use 1 or 3 channels'}")
     crop = height
-    if "preprocess_crop" in params and _as_int("preprocess_crop", params["preprocess_crop"], 1) != crop:
+    if "preprocess_crop" in params and as_int("preprocess_crop", params["preprocess_crop"], 1) != crop:
         raise ConfigError(f"model {model}: parameter preprocess_crop={params['preprocess_crop']} but input {tensor.name} "
                           f"is {height}x{width} ({layout} dims {list(dims)}): make them agree")
-    resize = _as_int("preprocess_resize", params["preprocess_resize"], 1) if "preprocess_resize" in params else round(crop / 0.875)
+    resize = as_int("preprocess_resize", params["preprocess_resize"], 1) if "preprocess_resize" in params else round(crop / 0.875)
     if tensor.dtype == "UINT8":
         given = [k for k in ("preprocess_mean", "preprocess_std", "preprocess_scale") if k in params]
         if given:
@@ -168,11 +168,11 @@ def _preprocess(model: str, tensor: TensorInfo, params: dict[str, str]) -> Prepr
         default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.0,), (1.0,))
         mean = _values(model, "preprocess_mean", params["preprocess_mean"], channels) if "preprocess_mean" in params else default_mean
         std = _values(model, "preprocess_std", params["preprocess_std"], channels) if "preprocess_std" in params else default_std
-        scale = _as_float("preprocess_scale", params["preprocess_scale"], 0.0) if "preprocess_scale" in params else 1.0 / 255.0
+        scale = as_float("preprocess_scale", params["preprocess_scale"], 0.0) if "preprocess_scale" in params else 1.0 / 255.0
     pad = params.get("preprocess_pad", "bottom_right").strip().lower()
     if pad not in PAD_PLACES:
         raise ConfigError(f"model {model}: parameter preprocess_pad={pad!r}: write one of {', '.join(PAD_PLACES)}")
-    pad_value = _as_float("preprocess_pad_value", params["preprocess_pad_value"], 0.0, 255.0) if "preprocess_pad_value" in params else 0.0
+    pad_value = as_float("preprocess_pad_value", params["preprocess_pad_value"], 0.0, 255.0) if "preprocess_pad_value" in params else 0.0
     try:
         return PreprocessSpec(resize=resize, crop=crop, mean=mean, std=std, mode=mode, colour=colour, layout=layout,
                               dtype=tensor.dtype, scale=scale, width=0 if width == height else width, pad=pad,

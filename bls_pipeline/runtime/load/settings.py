@@ -8,16 +8,14 @@ Two kinds of keys, checked together:
 
 Every value is a string in config.pbtxt. An unknown key or a bad value raises ConfigError
 naming the model, the key and what to write instead. One key more is accepted and ignored:
-RELOAD_KEY, which the launcher's reload sets (serve/server.py `reload_model`).
+RELOAD_KEY, which the launcher's reload sets (serve/server.py `reload_model`). A flow's keys are
+declared fields (fields.py), the core its request Parameters share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-import sys
-import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +23,9 @@ from ...base.errors import ConfigError
 from ...base.modelconfig import BACKEND_KEYS, RELOAD_KEY
 from ...stages.decode import DEFAULT_FORMATS, DecodePolicy
 from ..call.trials import Trial
+from .fields import Candidates, Declared, Field, Probability, as_bool, as_choice, as_float, as_int, as_names
 
-__all__ = ["Candidates", "Probability", "RuntimeSettings", "Settings", "parse_settings"]
+__all__ = ["RuntimeSettings", "Settings", "parse_settings"]
 
 
 # ---- the runtime's own keys ----------------------------------------------------------------
@@ -80,52 +79,7 @@ REMOVED_KEYS = {
 }
 
 
-def _as_int(key: str, raw: str, minimum: int | None = None) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"parameter {key}={raw!r}: write a whole number, e.g. {key}: \"{max(minimum or 1, 1)}\"") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"parameter {key}={value}: must be >= {minimum}")
-    return value
-
-
-def _as_float(key: str, raw: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    bounds = f"between {lo} and {hi}" if math.isfinite(lo) or math.isfinite(hi) else "(a finite number)"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"parameter {key}={raw!r}: write a number {bounds}") from None
-    if not (lo <= value <= hi and math.isfinite(value)):
-        raise ConfigError(f"parameter {key}={value}: must be {bounds}")
-    return value
-
-
-def _as_bool(key: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise ConfigError(f"parameter {key}={raw!r}: write true or false")
-    return value in ("true", "1", "yes")
-
-
 OVERLOAD_CHOICES = ("degrade", "refuse")
-
-
-def _as_choice(choices: tuple[str, ...]):
-    def parse(key: str, raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in choices:
-            raise ConfigError(f"parameter {key}={raw!r}: write one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _as_names(key: str, raw: str, example: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in raw.split(",") if n.strip())
-    if not names:
-        raise ConfigError(f"parameter {key} is empty: write a comma-separated list, e.g. {key}: \"{example}\"")
-    return names
 
 
 def _model_names(key: str, raw: str) -> tuple[str, ...]:
@@ -137,7 +91,7 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
     d = RuntimeSettings()
     formats = d.decode.formats
     if "allowed_formats" in params:
-        formats = tuple(f.upper() for f in _as_names("allowed_formats", params["allowed_formats"], "JPEG,PNG"))
+        formats = tuple(f.upper() for f in as_names("allowed_formats", params["allowed_formats"], "JPEG,PNG"))
         bad = sorted(set(formats) - set(DEFAULT_FORMATS))
         if bad:
             raise ConfigError(f"parameter allowed_formats: {', '.join(bad)} not supported; choose from {', '.join(DEFAULT_FORMATS)}")
@@ -146,30 +100,30 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         return parse(key, params[key]) if key in params else default
 
     def trial(key: str, default_share: float) -> Trial | None:
-        share = get(f"{key}_share", lambda k, v: _as_float(k, v, 0.0, 1.0), default_share)
+        share = get(f"{key}_share", lambda k, v: as_float(k, v, 0.0, 1.0), default_share)
         if f"{key}_share" in params and not params.get(key, "").strip():
             raise ConfigError(f"parameter {key}_share is set but {key} is not: write {key}: \"stable=candidate\"")
         return parse_trial(key, params.get(key, ""), share)
 
     return RuntimeSettings(
-        default_topk=get("default_topk", lambda k, v: _as_int(k, v, 1), d.default_topk),
-        route_recheck_s=get("route_recheck_s", lambda k, v: _as_float(k, v, 0.0, 3600.0), d.route_recheck_s),
-        child_retry_s=get("child_retry_s", lambda k, v: _as_float(k, v, 0.0, 60.0), d.child_retry_s),
-        decode_threads=get("decode_threads", lambda k, v: _as_int(k, v, 0), d.decode_threads),
-        max_request_bytes=get("max_request_bytes", lambda k, v: _as_int(k, v, 1), d.max_request_bytes),
-        max_regions_per_image=get("max_regions_per_image", lambda k, v: _as_int(k, v, 1), d.max_regions_per_image),
+        default_topk=get("default_topk", lambda k, v: as_int(k, v, 1), d.default_topk),
+        route_recheck_s=get("route_recheck_s", lambda k, v: as_float(k, v, 0.0, 3600.0), d.route_recheck_s),
+        child_retry_s=get("child_retry_s", lambda k, v: as_float(k, v, 0.0, 60.0), d.child_retry_s),
+        decode_threads=get("decode_threads", lambda k, v: as_int(k, v, 0), d.decode_threads),
+        max_request_bytes=get("max_request_bytes", lambda k, v: as_int(k, v, 1), d.max_request_bytes),
+        max_regions_per_image=get("max_regions_per_image", lambda k, v: as_int(k, v, 1), d.max_regions_per_image),
         shadow=trial("shadow", 1.0),
         canary=trial("canary", 0.0),
-        shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: _as_int(k, v, 1), d.shadow_max_in_flight),
-        log_executions=get("log_executions", _as_bool, d.log_executions),
+        shadow_max_in_flight=get("shadow_max_in_flight", lambda k, v: as_int(k, v, 1), d.shadow_max_in_flight),
+        log_executions=get("log_executions", as_bool, d.log_executions),
         run_in_process=get("run_in_process", _model_names, d.run_in_process),
-        overload=get("overload", _as_choice(OVERLOAD_CHOICES), d.overload),
-        latency_target_ms=get("latency_target_ms", lambda k, v: _as_float(k, v, 0.0, 600_000.0), d.latency_target_ms),
+        overload=get("overload", as_choice(OVERLOAD_CHOICES), d.overload),
+        latency_target_ms=get("latency_target_ms", lambda k, v: as_float(k, v, 0.0, 600_000.0), d.latency_target_ms),
         decode=DecodePolicy(
-            max_pixels=get("max_pixels", lambda k, v: _as_int(k, v, 1), d.decode.max_pixels),
-            max_bytes=get("max_image_bytes", lambda k, v: _as_int(k, v, 1), d.decode.max_bytes),
+            max_pixels=get("max_pixels", lambda k, v: as_int(k, v, 1), d.decode.max_pixels),
+            max_bytes=get("max_image_bytes", lambda k, v: as_int(k, v, 1), d.decode.max_bytes),
             formats=formats,
-            draft_min_side=get("draft_min_side", lambda k, v: _as_int(k, v, 0), d.decode.draft_min_side),
+            draft_min_side=get("draft_min_side", lambda k, v: as_int(k, v, 0), d.decode.draft_min_side),
         ),
     )
 
@@ -193,63 +147,7 @@ def parse_trial(key: str, raw: str, share: float) -> Trial | None:
 
 
 # ---- the flow's keys -----------------------------------------------------------------------
-class Candidates(tuple):
-    """An ordered list of models for one role: the first READY one answers.
-
-    Written in config.pbtxt as comma-separated names ("resnet50_trt,resnet50_onnx"). A
-    setting typed `Optional[Candidates]` may be "none" (or empty): the role is off and
-    the setting is None.
-    """
-
-    def __new__(cls, names=()):
-        return super().__new__(cls, names)
-
-    def __repr__(self) -> str:
-        return f"Candidates({','.join(self)!r})"
-
-
-class Probability(float):
-    """A float setting between 0 and 1 (a threshold on a top-1 probability)."""
-
-
-_TYPES = (int, float, bool, str, Probability, Candidates)
-
-
-def _optional_of(hint) -> Any:
-    """X for Optional[X] / X | None, else None."""
-    if typing.get_origin(hint) in (typing.Union, getattr(sys.modules.get("types"), "UnionType", ())):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(hint)) == 2:
-            return args[0]
-    return None
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    type: type
-    optional: bool  # Optional[...]: "none" turns it off (value None)
-    default: Any
-
-    def parse(self, raw: str) -> Any:
-        key = self.name
-        if self.optional and raw.strip().lower() in ("", "none"):
-            return None
-        if self.type is Candidates:
-            example = ",".join(self.default) if self.default else "model_a,model_b"
-            return Candidates(_as_names(key, raw, example))
-        if self.type is Probability:
-            return Probability(_as_float(key, raw, 0.0, 1.0))
-        if self.type is bool:
-            return _as_bool(key, raw)
-        if self.type is int:
-            return _as_int(key, raw)
-        if self.type is float:
-            return _as_float(key, raw)
-        return raw
-
-
-class Settings:
+class Settings(Declared):
     """Base class of a flow's settings: one annotated class attribute per config.pbtxt key.
 
         class Settings(flow.Settings):
@@ -263,32 +161,25 @@ class Settings:
     flow may call are exactly those its Candidates settings name.
     """
 
-    _fields: typing.ClassVar[tuple[_Field, ...]] = ()
+    WHAT = "setting"
+    TYPES = (int, float, bool, str, Probability, Candidates)
+    TYPE_NAMES = "int, float, bool, str, Probability, Candidates, Optional[Candidates]"
+    OPTIONAL = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        hints = typing.get_type_hints(cls)
-        fields = []
-        for name in cls.__dict__.get("__annotations__", {}):
-            hint = hints[name]
-            if typing.get_origin(hint) is typing.ClassVar or hint is typing.ClassVar:
-                continue
-            inner = _optional_of(hint)
-            kind = inner if inner is not None else hint
-            if kind not in _TYPES:
-                raise TypeError(f"setting {cls.__name__}.{name}: type {hint!r} is not supported; use one of "
-                                "int, float, bool, str, Probability, Candidates, Optional[Candidates]")
-            if name not in cls.__dict__:
-                raise TypeError(f"setting {cls.__name__}.{name} needs a default value")
-            field = _Field(name, kind, inner is not None, None)
-            raw = cls.__dict__[name]
-            default = field.parse(raw) if isinstance(raw, str) and kind is not str else raw
-            if default is not None and kind in (Candidates, Probability):
-                default = field.parse(",".join(default) if kind is Candidates else str(default))
-            fields.append(dataclasses.replace(field, default=default))
-            setattr(cls, name, default)
-        cls._fields = tuple(f for f in getattr(cls, "_fields", ()) if f.name not in {f.name for f in fields}) + tuple(fields)
         dataclass(frozen=True)(cls)
+
+    @classmethod
+    def _field(cls, name: str, kind: type, optional: bool, raw: Any) -> Field:
+        """The setting with its default parsed as config.pbtxt would give it; the class
+        attribute becomes that value."""
+        field = Field(name, kind, optional, None)
+        default = field.from_config(raw) if isinstance(raw, str) and kind is not str else raw
+        if default is not None and kind in (Candidates, Probability):
+            default = field.from_config(",".join(default) if kind is Candidates else str(default))
+        setattr(cls, name, default)
+        return dataclasses.replace(field, default=default)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -297,7 +188,7 @@ class Settings:
     @classmethod
     def parse(cls, params: dict[str, str]) -> "Settings":
         """The settings from config.pbtxt strings (keys of other kinds are ignored here)."""
-        return cls(**{f.name: f.parse(params[f.name]) for f in cls._fields if f.name in params})
+        return cls(**{f.name: f.from_config(params[f.name]) for f in cls._fields if f.name in params})
 
     def role_of(self, candidates: tuple[str, ...]) -> str | None:
         """The name of the Candidates setting holding exactly these models (the role a failure
