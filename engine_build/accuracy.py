@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
+from bls_pipeline.engines.artifact_io import stamp_path
 from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.stages.batching import decode_to_batch
@@ -121,7 +122,7 @@ def read_labels(folder: Path) -> list[tuple[Path, int]]:
 
 
 def _stamp(path: Path) -> str:
-    stamp = Path(f"{path}.json")
+    stamp = stamp_path(path)
     if not stamp.is_file():
         return ""
     facts = json.loads(stamp.read_text())

@@ -68,7 +68,7 @@ def _trt(args) -> int:
 
 
 def _source_weights(onnx: Path) -> str:
-    from .export_onnx import exported_weights
+    from bls_pipeline.engines.artifact_io import exported_weights
 
     return exported_weights(onnx) or "unknown"
 
@@ -76,7 +76,9 @@ def _source_weights(onnx: Path) -> str:
 def _stamp(path: Path, **facts) -> None:
     import json
 
-    Path(f"{path}.json").write_text(json.dumps(facts))
+    from bls_pipeline.engines.artifact_io import stamp_path
+
+    stamp_path(path).write_text(json.dumps(facts))
 
 
 def _int8(args) -> int:
@@ -115,7 +117,7 @@ def _agreement(args) -> int:
     from bls_pipeline.runtime.load.children import load_child
 
     from .agreement import agreement, image_variants, runner
-    from .export_onnx import exported_weights
+    from bls_pipeline.engines.artifact_io import exported_weights
 
     target = EXPORTS[args.model]
     engine = target.int8_path if args.engine == "int8" else target.openvino_path
@@ -135,7 +137,7 @@ def _agreement(args) -> int:
 
 def _accuracy(args) -> int:
     from .accuracy import GATE, LabelsError, measure, table
-    from .export_onnx import exported_weights
+    from bls_pipeline.engines.artifact_io import exported_weights
 
     try:
         results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch, exact=args.exact)

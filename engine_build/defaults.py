@@ -34,6 +34,8 @@ from typing import Callable
 
 import numpy as np
 
+from bls_pipeline.engines.artifact_io import exported_weights, stamp_path
+
 from .export_onnx import EXPORTS
 
 __all__ = ["MAX_KERNEL_ERROR", "RECIPE", "VALIDATED", "KernelCheck", "Validated", "choose_engine", "cpu_identity",
@@ -124,7 +126,7 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     target = EXPORTS[model]
     fp32_path = repo / target.onnx_model / "1" / "model.onnx"
     engine = repo / target.int8_model / "1" / "model.onnx"
-    stamp, record = Path(f"{engine}.json"), _record(engine)
+    stamp, record = stamp_path(engine), _record(engine)
     theirs = [p for p in (repo / target.openvino_model / "1" / "model.xml", engine) if p.is_file()
               and not (p == engine and stamp.is_file() and json.loads(stamp.read_text()).get("default"))]
     if theirs:
@@ -153,7 +155,7 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     judged = (f"the recipe judged on {validated.photos} (its arithmetic: top-1 {validated.top1:.1%} against FP32's "
               f"{validated.fp32_top1:.1%}, {validated.ratio:.3f}; agreement {validated.agreement:.1%})" if validated else
               f"the recipe judged on efficientnet_lite0's labelled photos only ({model} is not judged on labels here"
-              + ("; its weights are RANDOM" if _weights(fp32_path) == "random" else "") + ")")
+              + ("; its weights are RANDOM" if exported_weights(fp32_path) == "random" else "") + ")")
     extra = f"top-1 agreement with FP32 on {variants.images} distorted sample variants: {variants.top1_agreement:.1%} (not judged)"
     if check.passes:
         facts = json.loads(stamp.read_text()) if stamp.is_file() else {}
@@ -174,7 +176,3 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     return target.onnx_model
 
 
-def _weights(onnx_path: Path) -> str | None:
-    from .export_onnx import exported_weights
-
-    return exported_weights(onnx_path)

@@ -18,9 +18,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
+from bls_pipeline.engines.artifact_io import stamp_path
 
-__all__ = ["EXPORTS", "ExportTarget", "WeightsUnavailable", "artifact_files", "build_torch_model", "export_onnx",
-           "exported_weights"]
+__all__ = ["EXPORTS", "ExportTarget", "WeightsUnavailable", "artifact_files", "build_torch_model", "export_onnx"]
 
 log = logging.getLogger(__name__)
 RANDOM_SEED = 0
@@ -160,23 +160,11 @@ def build_torch_model(weights: str, model: str = "resnet50"):
     return EXPORTS[model].build(weights)
 
 
-def _stamp(onnx_path: Path) -> Path:
-    return Path(onnx_path).with_suffix(".onnx.json")
-
-
-def exported_weights(onnx_path: Path) -> str | None:
-    """The weights an exported ONNX carries ('imagenet', 'pretrained', 'random', a path):
-    None when there is no ONNX, 'unknown' when it was not written by export_onnx."""
-    from bls_pipeline.engines.artifact_io import exported_weights as read
-
-    return read(onnx_path)
-
-
 def artifact_files(onnx_path: Path) -> list[Path]:
     """An export's files: the ONNX graph, its weights (external data) and the weights stamp,
     those that exist. Copy or link all of them to move a model."""
     onnx_path = Path(onnx_path)
-    return [p for p in (onnx_path, _data(onnx_path), _stamp(onnx_path)) if p.exists()]
+    return [p for p in (onnx_path, _data(onnx_path), stamp_path(onnx_path)) if p.exists()]
 
 
 def _data(onnx_path: Path) -> Path:
@@ -224,5 +212,5 @@ def export_onnx(model, output: Path, weights: str, check_batch: int = 2) -> floa
                     location=_data(output).name, size_threshold=1024)  # the data file gets its final name
     _data(output).chmod(tmp.stat().st_mode & 0o777)  # as readable as the graph (onnx writes it 0600)
     tmp.replace(output)  # atomic: a half-written model.onnx never appears
-    _stamp(output).write_text(json.dumps({"weights": weights}))
+    stamp_path(output).write_text(json.dumps({"weights": weights}))
     return diff

@@ -19,7 +19,9 @@ from tqdm import tqdm
 
 from bls_pipeline.contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT
 
-from .export_onnx import _require_torch, exported_weights
+from bls_pipeline.engines.artifact_io import exported_weights, stamp_path
+
+from .export_onnx import _require_torch
 
 __all__ = ["TorchExport", "export_state_dict"]
 
@@ -74,5 +76,5 @@ def export_state_dict(model, output: Path, weights: str, architecture: str, onnx
     finally:
         steps.close()
     tmp.replace(output)  # atomic: a half-written model.pt never appears
-    tmp_stamp.replace(output.with_suffix(".pt.json"))
+    tmp_stamp.replace(stamp_path(output))
     return result

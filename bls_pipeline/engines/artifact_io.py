@@ -28,7 +28,8 @@ from ..base.tensors import TensorInfo
 from ..base.modelconfig import ModelConfig, data_type
 from ..base.errors import ConfigError
 
-__all__ = ["Declared", "FileTensor", "exported_weights", "onnx_tensors", "openvino_tensors"]
+__all__ = ["Declared", "FileTensor", "exported_weights", "onnx_tensors", "openvino_tensors",
+           "stamp_path"]
 
 @dataclass(frozen=True)
 class FileTensor:
@@ -136,6 +137,12 @@ def openvino_tensors(ports: Sequence, names: Sequence[str]) -> list[FileTensor]:
     return out
 
 
+def stamp_path(path: Path) -> Path:
+    """Where engine_build writes what an engine file was built from: FILE.json beside FILE."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
 def exported_weights(path: Path) -> str | None:
     """The weights an engine file written by engine_build carries ('imagenet', 'pretrained',
     'random', a .pth path), from its stamp beside it (FILE.json); 'unknown' without a stamp,
@@ -143,7 +150,7 @@ def exported_weights(path: Path) -> str | None:
     path = Path(path)
     if not path.exists():
         return None
-    stamp = path.with_name(path.name + ".json")
+    stamp = stamp_path(path)
     try:
         return str(json.loads(stamp.read_text())["weights"]) if stamp.exists() else "unknown"
     except (ValueError, KeyError, TypeError):

@@ -168,7 +168,7 @@ def _as_served(repo: Path, flow: Path) -> dict[str, str]:
     """classify_bls's `classifiers` as the main job serves them: without the resnet50 models
     when resnet50_onnx was exported with random weights (a test export, which bls-demo does
     not serve); a model no CPU server loads stands in when none is left."""
-    from engine_build.export_onnx import exported_weights
+    from ..engines.artifact_io import exported_weights
 
     if exported_weights(repo / CLASSIFIER / "1" / "model.onnx") != "random":
         return {}

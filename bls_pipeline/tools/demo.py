@@ -44,7 +44,7 @@ def _export(repo: Path, model: str, weights: str) -> None:
 
 
 def _weights(repo: Path, onnx_model: str) -> str | None:
-    from engine_build.export_onnx import exported_weights
+    from ..engines.artifact_io import exported_weights
 
     return exported_weights(_onnx_path(repo, onnx_model))
 

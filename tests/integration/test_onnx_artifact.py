@@ -30,7 +30,7 @@ def test_exported_onnx_names_and_dims(artifact, request):
 
 @pytest.mark.parametrize("artifact,weights", [("onnx_model", "random"), ("effnet_onnx_model", "pretrained")])
 def test_export_records_the_weights_it_used(artifact, weights, request, tmp_path):
-    from engine_build.export_onnx import exported_weights
+    from bls_pipeline.engines.artifact_io import exported_weights
 
     assert exported_weights(request.getfixturevalue(artifact)) == weights  # bls-demo will not serve "random"
     assert exported_weights(tmp_path / "model.onnx") is None
