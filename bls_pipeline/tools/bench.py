@@ -44,9 +44,9 @@ from ..serve.server import TritonServer
 from .bench_images import (HEAVY_SIZE, IMAGE_SIZE, ORIGINAL, announce, image_set, make_image_set, parse_image_size,
                            region_pages, synthetic_12mp, tensor_set)
 from .bench_sweep import Point, markdown, plot, ratios, run_point, time_preprocess, top1_with_and_without_draft
-from .bench_targets import (CASCADES, CLASSIFIER, DEFAULT_TARGET, HANDWRITTEN, HANDWRITTEN_CALLS, IN_PROCESS, OPEN_LOOP_TARGETS,
-                            OVERLOAD_TARGETS, PEER, REGION_TARGETS, RUNNING_SERVED, SHADOW_TARGET, TARGETS, _model,
-                            bench_repository, engine_of, fed_tensors, parse_setting, serve_with, served_description)
+from .bench_targets import (CASCADES, CLASSIFIER, DEFAULT_TARGET, HANDWRITTEN, HANDWRITTEN_CALLS, OPEN_LOOP_TARGETS,
+                            OVERLOAD_TARGETS, PEER, REGION_TARGETS, RUNNING_SERVED, SHADOW_TARGET, TARGETS, served_model,
+                            engine_of, fed_tensors, parse_setting, repository_for, serve_with, served_description)
 
 __all__ = ["Endpoints", "main", "parse_args", "running_endpoints"]
 
@@ -270,8 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := engine_of(t))}))
-    peers = tuple(sorted({e[1] for t in targets if (e := engine_of(t)) and e[0] == PEER}))
-    in_process = tuple(sorted({e[1] for t in targets if (e := engine_of(t)) and e[0] == IN_PROCESS}))
     bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET, DEFAULT_TARGET}
                  - {t for t in targets if (e := engine_of(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
@@ -292,14 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         if endpoints is None:
             workdir = Path(tempfile.mkdtemp(prefix="bls-bench-"))
             repo = workdir / "models"
-            bench_repository(args.model_repository, repo, args.keep_branches, engines, args.shadow_share, peers, in_process)
+            repository_for(targets, args.model_repository, repo, args.keep_branches, args.shadow_share)
             try:
                 serve_with(repo, args.max_queue_size, args.settings)
             except ValueError as exc:
                 p.error(str(exc))
             served = served_description(repo, targets, args.max_queue_size, args.settings)
-            needed = {_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
-            if any(_model(t).startswith("classify_bls") and engine_of(t) is None and t != DEFAULT_TARGET for t in targets):
+            needed = {served_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
+            if any(served_model(t).startswith("classify_bls") and engine_of(t) is None and t != DEFAULT_TARGET for t in targets):
                 needed.add(CLASSIFIER)  # the bench's flows call it: without it, their answers are degraded
             needed = tuple(sorted(needed))
             server = TritonServer(ServerOptions(repo, http_port=args.http_port or free_port(), grpc_port=args.grpc_port or free_port(),
@@ -331,16 +329,16 @@ def main(argv: list[str] | None = None) -> int:
             server.start()
             endpoints = Endpoints(server.http_url, server.grpc_url, server.metrics_url)
         else:
-            _check_ready(endpoints, args.protocol_list, {t: _model(t) for t in targets})
+            _check_ready(endpoints, args.protocol_list, {t: served_model(t) for t in targets})
         print(f"bls-bench serves: {served}; HTTP {endpoints.http}, gRPC {endpoints.grpc}, metrics {endpoints.metrics}",
               file=sys.stderr)
         context = {"image_set": images.summary, "image_notes": images.notes, "served": served, "endpoints": asdict(endpoints)}
         if args.mode:
             # A flow's answers are read from its own count on the metrics port, with --url as
             # without: checked here, before any load, so a wrong port fails at once.
-            known = {t: True if _model(t) in flows or _model(t).startswith("classify_bls") else None for t in targets}
+            known = {t: True if served_model(t) in flows or served_model(t).startswith("classify_bls") else None for t in targets}
             try:
-                is_flow = {t: FinishedCounter.for_model(_model(t), endpoints.metrics, endpoints.url(args.protocol_list[0]),
+                is_flow = {t: FinishedCounter.for_model(served_model(t), endpoints.metrics, endpoints.url(args.protocol_list[0]),
                                                         args.protocol_list[0], known[t]).by_flow for t in targets}
             except MetricsUnreadable as exc:
                 raise SystemExit(f"bls-bench: {exc}") from exc
@@ -393,7 +391,7 @@ def _overload(args, targets: list[str], payloads: list[bytes], endpoints: Endpoi
             "recovery_s": args.recovery}
     for target, protocol, kind in tqdm(_load_grid(args, targets), desc="overload", unit="target"):
         results += overload.run_factors(
-            endpoints.url(protocol), protocol, target, _model(target), payloads, output=LABELS.name, is_flow=is_flow[target],
+            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name, is_flow=is_flow[target],
             metrics_url=endpoints.metrics, deadline_s=args.deadline, factors=tuple(args.factors),
             capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
             recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout")
@@ -425,7 +423,7 @@ def _open_loop(args, targets: list[str], payloads: list[bytes], endpoints: Endpo
             "duration_s": args.duration, "warmup_s": args.warmup}
     for target, protocol, kind in tqdm(_load_grid(args, targets), desc="open loop", unit="target"):
         results += openloop.run_target(
-            endpoints.url(protocol), protocol, target, _model(target), payloads, output=LABELS.name, loads=tuple(args.loads),
+            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name, loads=tuple(args.loads),
             is_flow=is_flow[target], metrics_url=endpoints.metrics, deadline_s=args.deadline, duration_s=args.duration,
             warmup_s=args.warmup, capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration,
             capacity=args.capacity, timeout_parameter=kind == "timeout")

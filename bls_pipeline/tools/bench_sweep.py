@@ -19,7 +19,7 @@ from ..serve.client import tritonclient_module
 from ..stages.decode import DecodePolicy, decode
 from ..stages.preprocess import PreprocessSpec, preprocess_into
 from .bench_targets import (CASCADES, CLASSIFIER, HANDWRITTEN_CALLS, IN_PROCESS, PEER, REGION_TARGETS, SHADOW_TARGET,
-                            engine_of, _model, build_request)
+                            engine_of, served_model, build_request)
 from .loadgen import REFUSERS, TRITON_SUCCESS_COUNTS, model_statistics, outcome_of_exception
 
 __all__ = ["Point", "children_per_image", "markdown", "plot", "ratios", "run_point", "time_preprocess"]
@@ -139,7 +139,7 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     for t in threads:
         t.start()
     stats_client = tc.InferenceServerClient(url)
-    model = _model(target, classifier)
+    model = served_model(target, classifier)
     start_gate.wait()
     now = time.perf_counter()
     record_from[0] = now + warmup_s

@@ -64,7 +64,9 @@ def engine_of(target: str) -> tuple[str, str] | None:
     return (kind, model) if model and kind in ENGINE_TARGETS else None
 
 
-def _model(target: str, classifier: str = CLASSIFIER) -> str:
+def served_model(target: str, classifier: str = CLASSIFIER) -> str:
+    """The model that `target`'s requests go to in bench_repository()'s copy (the "classifier"
+    target: `classifier`)."""
     if target == "classifier":
         return classifier
     engine = engine_of(target)
@@ -81,7 +83,7 @@ def build_request(tc, target: str, payload, classifier: str = CLASSIFIER) -> tup
     if fed_tensors(target):
         inp = tc.InferInput(CLASSIFIER_INPUT.name, list(payload.shape), "FP32")
         inp.set_data_from_numpy(payload)
-        return _model(target, classifier), [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
+        return served_model(target, classifier), [inp], [tc.InferRequestedOutput(CLASSIFIER_OUTPUT.name)]
     inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
     inp.set_data_from_numpy(np.array([[payload]], dtype=object))
     outputs = [tc.InferRequestedOutput(LABELS.name)]
@@ -89,7 +91,7 @@ def build_request(tc, target: str, payload, classifier: str = CLASSIFIER) -> tup
         outputs.append(tc.InferRequestedOutput(ROUTE.name))
     if target in REGION_TARGETS:
         outputs = [tc.InferRequestedOutput(REGION_COUNT.name)]
-    return _model(target), [inp], outputs
+    return served_model(target), [inp], outputs
 
 
 def fed_tensors(target: str) -> bool:
@@ -215,7 +217,7 @@ def serve_with(dst: Path, max_queue_size: int | None = None, settings: list[tupl
         for name in family + sorted(d.name for d in dst.iterdir() if d.name.startswith(f"{PEER}__")):
             _edit_config(dst / name, max_queue_size=max_queue_size)
     for model, key, value in settings:
-        name = _model(model)
+        name = served_model(model)
         if not (dst / name / "config.pbtxt").is_file():
             raise ValueError(f"--set {model}.{key}={value}: the repository bls-bench serves has no model {name}")
         for each in family if name == "classify_bls" else [name]:
@@ -233,7 +235,7 @@ def queue_bound(model_dir: Path) -> str:
 
 def served_description(dst: Path, targets: list[str], max_queue_size: int | None, settings: list[tuple[str, str, str]]) -> str:
     """Which queue bound (and --set parameters) each target's model was served with."""
-    bounds = [f"{t} with {queue_bound(dst / _model(t))}" for t in targets if (dst / _model(t) / "config.pbtxt").is_file()]
+    bounds = [f"{t} with {queue_bound(dst / served_model(t))}" for t in targets if (dst / served_model(t) / "config.pbtxt").is_file()]
     text = "bls-bench's own server: " + ", ".join(bounds)
     text += " (--max-queue-size)" if max_queue_size is not None else " (as the repository configures it)"
     if settings:
@@ -245,14 +247,9 @@ RUNNING_SERVED = "a running server, with its own config (its queue bounds are no
 OPEN_LOOP_TARGETS = (DEFAULT_TARGET,)
 
 
-def served_model(target: str) -> str:
-    """The model that `target`'s requests go to in bench_repository()'s copy."""
-    return _model(target)
-
-
-def repository_for(targets: list[str], src: Path, dst: Path) -> None:
+def repository_for(targets: list[str], src: Path, dst: Path, keep_branches: bool = False, shadow_share: float = 1.0) -> None:
     """bench_repository(src, dst) with the variants `targets` need, as bls-bench makes it."""
     engines = tuple(sorted({e[1] for t in targets if (e := engine_of(t))}))
     peers = tuple(sorted({e[1] for t in targets if (e := engine_of(t)) and e[0] == PEER}))
     in_process = tuple(sorted({e[1] for t in targets if (e := engine_of(t)) and e[0] == IN_PROCESS}))
-    bench_repository(src, dst, False, engines, 1.0, peers, in_process)
+    bench_repository(src, dst, keep_branches, engines, shadow_share, peers, in_process)

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
-from bls_pipeline.tools.bench_targets import (DEFAULT_TARGET, PEER, _model, bench_repository, queue_bound, serve_with,
+from bls_pipeline.tools.bench_targets import (DEFAULT_TARGET, PEER, served_model, bench_repository, queue_bound, serve_with,
                                               served_description)
 from bls_pipeline.tools.bench_images import HEAVY_SIZE, IMAGE_SIZE, announce, image_set
 from bls_pipeline.tools.bench import Endpoints, parse_args
@@ -142,7 +142,7 @@ def test_another_queue_bound_goes_to_classify_bls_its_variants_and_the_peers(cop
         f"bls-bench's own server: {DEFAULT_TARGET} with {shipped} (as the repository configures it)"
     serve_with(copy, max_queue_size=64)
     for target in ("classify_bls", DEFAULT_TARGET, "cascade@0.5", "classify_bls_shadow", f"{PEER}@efficientnet_lite0_onnx"):
-        assert queue_bound(copy / _model(target)) == "max_queue_size 64", target
+        assert queue_bound(copy / served_model(target)) == "max_queue_size 64", target
     config = parse_config(copy / DEFAULT_TARGET)
     assert config.dynamic_batching.default_queue_policy.allow_timeout_override  # the rest of the policy kept
     assert queue_bound(copy / "resnet50_onnx") != "max_queue_size 64"  # the children keep theirs
@@ -155,10 +155,10 @@ def test_another_queue_bound_goes_to_classify_bls_its_variants_and_the_peers(cop
 
 def test_a_set_parameter_goes_to_that_model_or_to_every_classify_bls(copy):
     serve_with(copy, settings=[("classify_bls", "latency_target_ms", "0"), ("cascade@0.5", "cascade_threshold", "0.7")])
-    for name in ("classify_bls", DEFAULT_TARGET, _model("cascade@0.9"), "classify_bls_shadow"):
+    for name in ("classify_bls", DEFAULT_TARGET, served_model("cascade@0.9"), "classify_bls_shadow"):
         assert string_parameters(parse_config(copy / name))["latency_target_ms"] == "0", name
-    assert string_parameters(parse_config(copy / _model("cascade@0.5")))["cascade_threshold"] == "0.7"
-    assert string_parameters(parse_config(copy / _model("cascade@0.9")))["cascade_threshold"] == "0.9"
+    assert string_parameters(parse_config(copy / served_model("cascade@0.5")))["cascade_threshold"] == "0.7"
+    assert string_parameters(parse_config(copy / served_model("cascade@0.9")))["cascade_threshold"] == "0.9"
     assert "latency_target_ms" not in string_parameters(parse_config(copy / f"{PEER}__efficientnet_lite0_onnx"))
     with pytest.raises(ValueError, match="no model nowhere"):
         serve_with(copy, settings=[("nowhere", "x", "1")])

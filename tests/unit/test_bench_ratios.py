@@ -10,7 +10,7 @@ import numpy as np
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.serve.repository import plan_loading
 from bls_pipeline.tools.bench_targets import (CASCADES, HANDWRITTEN, HANDWRITTEN_CALLS, SHADOW_TARGET, SHADOW_TWIN,
-                                              TARGETS, _model, bench_repository)
+                                              TARGETS, served_model, bench_repository)
 from bls_pipeline.tools.bench_images import TEXT_LINES, region_pages, text_image_set
 from bls_pipeline.tools.bench_sweep import Point, children_per_image, ratios
 
@@ -47,7 +47,7 @@ def test_the_bench_repository_serves_every_target(tmp_path):
     dst = tmp_path / "bench" / "models"
     bench_repository(src, dst, keep_branches=False)
 
-    needed = tuple(sorted({_model(t) for t in TARGETS + tuple(CASCADES) + (SHADOW_TARGET,)}))
+    needed = tuple(sorted({served_model(t) for t in TARGETS + tuple(CASCADES) + (SHADOW_TARGET,)}))
     plan = plan_loading(dst, {"python"}, only=needed)
     assert set(needed) | {SHADOW_TWIN} <= set(plan.load), plan.skipped  # the shadow's twin loads with it
     params = {name: string_parameters(parse_config(dst / name)) for name in needed if name.startswith("classify_bls")}
@@ -55,7 +55,7 @@ def test_the_bench_repository_serves_every_target(tmp_path):
     # efficientnet_lite0 first, at their own thresholds.
     assert (params["classify_bls"]["cascade_classifiers"], params["classify_bls"]["tta_threshold"]) == ("none", "0")
     for target, threshold in CASCADES.items():
-        cascade = params[_model(target)]
+        cascade = params[served_model(target)]
         assert (cascade["cascade_threshold"], cascade["tta_threshold"]) == (threshold, "0")
         assert "cascade_classifiers" not in cascade  # the flow's own: efficientnet_lite0 first
     assert (dst / "resnet50_onnx" / "1" / "model.onnx").read_bytes() == b"an export"  # linked, not re-exported
@@ -148,7 +148,7 @@ def test_the_one_model_peer_runs_the_same_engine_and_is_compared_within_a_round(
     src = tmp_path / "models"
     shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "__pycache__"))
     bench_repository(src, tmp_path / "bench", keep_branches=False, engines=("resnet50_int8",), peers=("resnet50_int8",))
-    name = _model(f"{PEER}@resnet50_int8")
+    name = served_model(f"{PEER}@resnet50_int8")
     assert name == f"{PEER}__resnet50_int8" and (tmp_path / "bench" / name / "1" / "model.py").is_file()
     config = parse_config(tmp_path / "bench" / name)
     assert string_parameters(config)["engine"] == "resnet50_int8" and config.name == name

@@ -134,14 +134,14 @@ def test_bls_serve_skips_a_missing_or_corrupt_engine_and_says_why(tmp_path):
 
 def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
     from bls_pipeline.tools.bench_sweep import Point, ratios
-    from bls_pipeline.tools.bench_targets import _model, bench_repository, build_request
+    from bls_pipeline.tools.bench_targets import served_model, bench_repository, build_request
     from bls_pipeline.serve.client import tritonclient_module
 
     src = tmp_path / "models"
     shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "*.plan",
                                                                 "__pycache__"))
     bench_repository(src, tmp_path / "bench", keep_branches=False, engines=("resnet50_int8",))
-    variant = string_parameters(parse_config(tmp_path / "bench" / _model("classify_bls@resnet50_int8")))
+    variant = string_parameters(parse_config(tmp_path / "bench" / served_model("classify_bls@resnet50_int8")))
     assert (variant["classifiers"], variant["cascade_classifiers"], variant["tta_threshold"]) == ("resnet50_int8", "none", "0")
     # The FP32 baseline stays FP32 onnxruntime whatever engine comes first in the shipped list.
     assert string_parameters(parse_config(tmp_path / "bench" / "classify_bls"))["classifiers"] == "resnet50_onnx"
