@@ -395,18 +395,13 @@ def _overload(args, targets: list[str], payloads: list[bytes], endpoints: Endpoi
             metrics_url=endpoints.metrics, deadline_s=args.deadline, factors=tuple(args.factors),
             capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
             recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout")
-        args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
-        (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+        _save(args.out, "overload", meta, results)
     if server is not None:  # the stop after the spikes, as an operator's SIGTERM would find the server
         start = time.monotonic()
         code = server.stop()
         meta["stop"] = {"seconds": round(time.monotonic() - start, 2), "exit_code": code, "drained": server.last_stop.drained}
-        (args.out / "overload.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
-    table = overload.markdown(results, meta)
-    (args.out / "overload.md").write_text(table)
-    print(table)
-    print(f"wrote {args.out}/overload.json, overload.md")
-    return 0
+        _save(args.out, "overload", meta, results)
+    return _report(args.out, "overload", overload.markdown(results, meta))
 
 
 def _open_loop(args, targets: list[str], payloads: list[bytes], endpoints: Endpoints, server, is_flow: dict[str, bool],
@@ -427,10 +422,20 @@ def _open_loop(args, targets: list[str], payloads: list[bytes], endpoints: Endpo
             is_flow=is_flow[target], metrics_url=endpoints.metrics, deadline_s=args.deadline, duration_s=args.duration,
             warmup_s=args.warmup, capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration,
             capacity=args.capacity, timeout_parameter=kind == "timeout")
-        args.out.mkdir(parents=True, exist_ok=True)  # after each target: what ran is on disk if a later one fails
-        (args.out / "openloop.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
-    table = openloop.markdown(results, meta)
-    (args.out / "openloop.md").write_text(table)
+        _save(args.out, "openloop", meta, results)
+    return _report(args.out, "openloop", openloop.markdown(results, meta))
+
+
+def _save(out: Path, stem: str, meta: dict, results: list) -> None:
+    """A load mode's results so far in out/STEM.json: written after each target, so what ran
+    is on disk if a later one fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2))
+
+
+def _report(out: Path, stem: str, table: str) -> int:
+    """A load mode's table in out/STEM.md, and on stdout."""
+    (out / f"{stem}.md").write_text(table)
     print(table)
-    print(f"wrote {args.out}/openloop.json, openloop.md")
+    print(f"wrote {out}/{stem}.json, {stem}.md")
     return 0
