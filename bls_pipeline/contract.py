@@ -7,30 +7,21 @@ Dims exclude the batch dimension (every model here has max_batch_size > 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # Triton config data_type without the TYPE_ prefix
-    dims: tuple[int, ...]
-    optional: bool = False
-
+from .base.tensors import TensorInfo
 
 # classify_bls: encoded images in, top-k predictions out.
-IMAGE = TensorSpec("IMAGE", "STRING", (1,))
-TOPK = TensorSpec("TOPK", "INT32", (1,), optional=True)
-LABELS = TensorSpec("LABELS", "STRING", (-1,))
-SCORES = TensorSpec("SCORES", "FP32", (-1,))
-CLASS_IDS = TensorSpec("CLASS_IDS", "INT32", (-1,))
-ROUTE = TensorSpec("ROUTE", "STRING", (1,))
+IMAGE = TensorInfo("IMAGE", "STRING", (1,))
+TOPK = TensorInfo("TOPK", "INT32", (1,), optional=True)
+LABELS = TensorInfo("LABELS", "STRING", (-1,))
+SCORES = TensorInfo("SCORES", "FP32", (-1,))
+CLASS_IDS = TensorInfo("CLASS_IDS", "INT32", (-1,))
+ROUTE = TensorInfo("ROUTE", "STRING", (1,))
 
 # Optional: each image's answer (route, labels, its own outputs, its regions) as one UTF-8
 # JSON document, for clients that read JSON rather than tensors. Written by the runtime from
 # the other outputs (runtime/answer/answer_json.py, which gives its schema); a model that does not
 # declare it does not pay for it.
-JSON = TensorSpec("JSON", "STRING", (1,))
+JSON = TensorInfo("JSON", "STRING", (1,))
 
 CLASSIFY_INPUTS = (IMAGE, TOPK)
 CLASSIFY_OUTPUTS = (LABELS, SCORES, CLASS_IDS, ROUTE)  # every flow model's
@@ -43,19 +34,19 @@ STANDARD_OUTPUTS = tuple(t.name for t in CLASSIFY_OUTPUTS) + (JSON.name,)
 # of any of them (boxes 0, labels b"", scores 0, class ids -1, route b""); REGION_COUNT
 # says how many of each image's rows are real (Triton's convention for ragged outputs, as
 # TensorRT's EfficientNMS: num_detections + padded boxes).
-REGION_COUNT = TensorSpec("REGION_COUNT", "INT32", (1,))
-REGION_BOXES = TensorSpec("REGION_BOXES", "FP32", (-1, 4))  # x0, y0, x1, y1 in the image's pixels, as sent
-REGION_LABELS = TensorSpec("REGION_LABELS", "STRING", (-1, -1))  # (R, k) "score:index:label"
-REGION_SCORES = TensorSpec("REGION_SCORES", "FP32", (-1, -1))
-REGION_CLASS_IDS = TensorSpec("REGION_CLASS_IDS", "INT32", (-1, -1))
-REGION_ROUTE = TensorSpec("REGION_ROUTE", "STRING", (-1,))
+REGION_COUNT = TensorInfo("REGION_COUNT", "INT32", (1,))
+REGION_BOXES = TensorInfo("REGION_BOXES", "FP32", (-1, 4))  # x0, y0, x1, y1 in the image's pixels, as sent
+REGION_LABELS = TensorInfo("REGION_LABELS", "STRING", (-1, -1))  # (R, k) "score:index:label"
+REGION_SCORES = TensorInfo("REGION_SCORES", "FP32", (-1, -1))
+REGION_CLASS_IDS = TensorInfo("REGION_CLASS_IDS", "INT32", (-1, -1))
+REGION_ROUTE = TensorInfo("REGION_ROUTE", "STRING", (-1,))
 REGION_SPECS = (REGION_COUNT, REGION_BOXES, REGION_LABELS, REGION_SCORES, REGION_CLASS_IDS, REGION_ROUTE)
 REGION_OUTPUTS = tuple(t.name for t in REGION_SPECS)
 
 # Every classifier (resnet50_trt, resnet50_onnx, ...): preprocessed NCHW in, logits out.
 NUM_CLASSES = 1000
-CLASSIFIER_INPUT = TensorSpec("input", "FP32", (3, 224, 224))
-CLASSIFIER_OUTPUT = TensorSpec("output", "FP32", (NUM_CLASSES,))
+CLASSIFIER_INPUT = TensorInfo("input", "FP32", (3, 224, 224))
+CLASSIFIER_OUTPUT = TensorInfo("output", "FP32", (NUM_CLASSES,))
 
 BLS_MODEL = "classify_bls"
 # An inference request parameter: {"bls_probe": true} marks a request as a health probe (the

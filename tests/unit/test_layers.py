@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bls_pipeline"
 # Lowest first; a module may import its own layer and the ones before it.
-LAYERS = ["contract", "base", "stages", "engines", "runtime", "flow", "adapter", "serve", "tools"]
+LAYERS = ["base", "contract", "stages", "engines", "runtime", "flow", "adapter", "serve", "tools"]
 
 
 def _layer(module: str) -> str:

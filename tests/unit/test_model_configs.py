@@ -11,6 +11,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
+from bls_pipeline.base.tensors import TensorInfo
 from bls_pipeline.stages.preprocess import IMAGENET_MEAN, IMAGENET_STD, preprocess_into
 from bls_pipeline.runtime.load.children import load_child
 from bls_pipeline.runtime.load.loader import load_flow
@@ -26,11 +27,11 @@ SAME_WEIGHTS = {
 CLASSIFIERS = [name for pair in SAME_WEIGHTS.values() for name in pair]
 
 
-def _dtype(spec: contract.TensorSpec) -> int:
+def _dtype(spec: TensorInfo) -> int:
     return model_config_pb2.DataType.Value(f"TYPE_{spec.dtype}")
 
 
-def _assert_tensors(actual, expected: tuple[contract.TensorSpec, ...]) -> None:
+def _assert_tensors(actual, expected: tuple[TensorInfo, ...]) -> None:
     assert [t.name for t in actual] == [s.name for s in expected]
     for tensor, spec in zip(actual, expected):
         assert tensor.data_type == _dtype(spec), tensor.name
