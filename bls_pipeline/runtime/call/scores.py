@@ -20,7 +20,26 @@ from .rows import Rows, _as_rows, _mask, _spread
 __all__ = ["Column", "Outputs", "Scores"]
 
 
-class Scores:
+class _CallResult:
+    """What a call's Scores and Outputs share: the rows of the batch it covered, and the
+    optional ones it left out."""
+
+    size: int
+    rows: np.ndarray
+    _skipped: tuple[Skipped, ...]
+
+    @property
+    def covered(self) -> np.ndarray:
+        """Boolean mask of the rows this call answered."""
+        return _mask(self.size, self.rows)
+
+    @property
+    def skipped(self) -> np.ndarray:
+        """Boolean mask of the optional rows this call left out under overload."""
+        return _skipped_mask(self.size, self._skipped)
+
+
+class Scores(_CallResult):
     """A classifier's answer for some rows of the batch: probabilities over its labels.
 
     model: the model that answered (None when the call had no rows).
@@ -45,16 +64,6 @@ class Scores:
         if self.model is None or self.version in ("", "1") or "+" in self.model:
             return self.model
         return f"{self.model}@{self.version}"
-
-    @property
-    def covered(self) -> np.ndarray:
-        """Boolean mask of the rows this call answered."""
-        return _mask(self.size, self.rows)
-
-    @property
-    def skipped(self) -> np.ndarray:
-        """Boolean mask of the optional rows this call left out under overload."""
-        return _skipped_mask(self.size, self._skipped)
 
     @property
     def probs(self) -> np.ndarray:
@@ -109,7 +118,7 @@ class Column:
         return f"Column({self.model!r}.{self.name}, {len(self.rows)} of {self.size} rows)"
 
 
-class Outputs:
+class Outputs(_CallResult):
     """Any model's outputs for some rows: `outputs["NAME"]` is that output, one entry per row."""
 
     def __init__(self, model: str | None, size: int, rows: np.ndarray, values: dict[str, np.ndarray],
@@ -126,15 +135,6 @@ class Outputs:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._values)
-
-    @property
-    def covered(self) -> np.ndarray:
-        return _mask(self.size, self.rows)
-
-    @property
-    def skipped(self) -> np.ndarray:
-        """Boolean mask of the optional rows this call left out under overload."""
-        return _skipped_mask(self.size, self._skipped)
 
     def _check(self, name: str) -> None:
         if name not in self._values:
