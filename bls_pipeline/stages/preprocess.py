@@ -168,7 +168,7 @@ def placement(width: float, height: float, spec: PreprocessSpec) -> tuple[Box, t
     left, top, width, height). The rest of the input is padding (keep_aspect only).
 
     Every mode is this one affine map per axis, so a point in the input maps back to the
-    source as x_src = box.x0 + (x_in - left) * box.width / rect.width (regions.py uses it
+    source as x_src = box.x0 + (x_in - left) * box.width / rect.width (runtime/decode/boxes.py uses it
     to put a detector's boxes back on the image)."""
     h_in, w_in = spec.crop, spec.input_width
     if spec.mode == "stretch":

@@ -3,7 +3,7 @@
 bls-bench gives classify_bls's p50 at concurrency 1; this splits it. It starts
 tritonserver on a copy of models/ (as bls-bench: resnet50 only, no flip pass) in which
 classify_bls and resnet50_onnx run their own model.py, wrapped so that execute() stamps
-the time on entry and exit and the runtime's stage hook (runtime/stages.py: decode +
+the time on entry and exit and the runtime's stage hook (runtime/hooks.py: decode +
 preprocess, the flow, the child call and its DLPack glue, onnxruntime, top-k) stamps
 every stage's edges. The clock is CLOCK_MONOTONIC, one clock for every
 process on the machine, so the gaps between one process's stamp and the next process's
