@@ -118,8 +118,9 @@ def _values(model: str, key: str, raw: str, count: int) -> tuple[float, ...]:
         values = ()
     if len(values) != count:
         example = "0.485,0.456,0.406" if count == 3 else "0.5"
-        raise ConfigError(f"model {model}: parameter {key}={raw!r}: write {'three comma-separated numbers' if count == 3 else 'one number'} "
-                          f"(per channel, in scaled units), e.g. \"{example}\"")
+        raise ConfigError(f"model {model}: parameter {key}={raw!r}: write "
+                          f"{'three comma-separated numbers' if count == 3 else 'one number'} (per channel, in scaled "
+                          f"units), e.g. \"{example}\"")
     return values
 
 
@@ -127,7 +128,8 @@ def _layout(model: str, dims: tuple[int, ...], params: dict[str, str]) -> str:
     if "preprocess_layout" in params:
         layout = params["preprocess_layout"].strip().upper()
         if layout not in LAYOUTS:
-            raise ConfigError(f"model {model}: parameter preprocess_layout={layout!r}: write one of {', '.join(LAYOUTS)}")
+            raise ConfigError(f"model {model}: parameter preprocess_layout={layout!r}: write one of "
+                              f"{', '.join(LAYOUTS)}")
         return layout
     if dims[-1] in (1, 3) and dims[0] not in (1, 3):
         return "NHWC"
@@ -143,36 +145,44 @@ def _preprocess(model: str, tensor: TensorInfo, params: dict[str, str]) -> Prepr
     channels, height, width = (dims[0], dims[1], dims[2]) if layout == "NCHW" else (dims[2], dims[0], dims[1])
     mode = params.get("preprocess_resize_mode", "shorter_side").strip().lower()
     if mode not in RESIZE_MODES:
-        raise ConfigError(f"model {model}: parameter preprocess_resize_mode={mode!r}: write one of {', '.join(RESIZE_MODES)}")
+        raise ConfigError(f"model {model}: parameter preprocess_resize_mode={mode!r}: write one of "
+                          f"{', '.join(RESIZE_MODES)}")
     if height < 1 or width < 1:
         raise ConfigError(f"model {model}: input {tensor.name} is {height}x{width}; give it a fixed image size")
     if height != width and mode == "shorter_side":
         raise ConfigError(f"model {model}: input {tensor.name} is {height}x{width}, and resize mode shorter_side "
-                          "centre-crops a square: make its dims square, or set preprocess_resize_mode to stretch or keep_aspect")
+                          "centre-crops a square: make its dims square, or set preprocess_resize_mode to stretch or "
+                          "keep_aspect")
     colour = params.get("preprocess_colour", "RGB" if channels == 3 else "GRAY").strip().upper()
     if COLOURS.get(colour) != channels:
+        fitting = ", ".join(c for c, n in COLOURS.items() if n == channels) or "nothing: use 1 or 3 channels"
         raise ConfigError(f"model {model}: parameter preprocess_colour={colour!r} does not fit input {tensor.name}'s "
-                          f"{channels} channel(s) ({layout} dims {list(dims)}): write one of "
-                          f"{', '.join(c for c, n in COLOURS.items() if n == channels) or 'nothing: use 1 or 3 channels'}")
+                          f"{channels} channel(s) ({layout} dims {list(dims)}): write one of {fitting}")
     crop = height
     if "preprocess_crop" in params and as_int("preprocess_crop", params["preprocess_crop"], 1) != crop:
-        raise ConfigError(f"model {model}: parameter preprocess_crop={params['preprocess_crop']} but input {tensor.name} "
-                          f"is {height}x{width} ({layout} dims {list(dims)}): make them agree")
-    resize = as_int("preprocess_resize", params["preprocess_resize"], 1) if "preprocess_resize" in params else round(crop / 0.875)
+        raise ConfigError(f"model {model}: parameter preprocess_crop={params['preprocess_crop']} but input "
+                          f"{tensor.name} is {height}x{width} ({layout} dims {list(dims)}): make them agree")
+    resize = (as_int("preprocess_resize", params["preprocess_resize"], 1) if "preprocess_resize" in params
+              else round(crop / 0.875))
     if tensor.dtype == "UINT8":
         given = [k for k in ("preprocess_mean", "preprocess_std", "preprocess_scale") if k in params]
         if given:
-            raise ConfigError(f"model {model}: input {tensor.name} takes UINT8 pixels as they are; remove {', '.join(given)}")
+            raise ConfigError(f"model {model}: input {tensor.name} takes UINT8 pixels as they are; remove "
+                              f"{', '.join(given)}")
         mean, std, scale = (0.0,) * channels, (1.0,) * channels, 1.0
     else:
         default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.0,), (1.0,))
-        mean = _values(model, "preprocess_mean", params["preprocess_mean"], channels) if "preprocess_mean" in params else default_mean
-        std = _values(model, "preprocess_std", params["preprocess_std"], channels) if "preprocess_std" in params else default_std
-        scale = as_float("preprocess_scale", params["preprocess_scale"], 0.0) if "preprocess_scale" in params else 1.0 / 255.0
+        mean = (_values(model, "preprocess_mean", params["preprocess_mean"], channels) if "preprocess_mean" in params
+                else default_mean)
+        std = (_values(model, "preprocess_std", params["preprocess_std"], channels) if "preprocess_std" in params
+               else default_std)
+        scale = (as_float("preprocess_scale", params["preprocess_scale"], 0.0) if "preprocess_scale" in params
+                 else 1.0 / 255.0)
     pad = params.get("preprocess_pad", "bottom_right").strip().lower()
     if pad not in PAD_PLACES:
         raise ConfigError(f"model {model}: parameter preprocess_pad={pad!r}: write one of {', '.join(PAD_PLACES)}")
-    pad_value = as_float("preprocess_pad_value", params["preprocess_pad_value"], 0.0, 255.0) if "preprocess_pad_value" in params else 0.0
+    pad_value = (as_float("preprocess_pad_value", params["preprocess_pad_value"], 0.0, 255.0)
+                 if "preprocess_pad_value" in params else 0.0)
     try:
         return PreprocessSpec(resize=resize, crop=crop, mean=mean, std=std, mode=mode, colour=colour, layout=layout,
                               dtype=tensor.dtype, scale=scale, width=0 if width == height else width, pad=pad,
@@ -223,14 +233,16 @@ def _child_model(name: str, config, model_dir: Path | None) -> ChildModel:
         raise ConfigError(f"model {name}: parameter output_scores={scores!r}: write logits or probabilities")
     labels = _labels(name, model_dir, config.output[0], outputs[0])
     if labels is not None and len(outputs) != 1:
-        raise ConfigError(f"model {name} has a label_filename and {len(outputs)} outputs; a classifier has one output, its scores")
+        raise ConfigError(f"model {name} has a label_filename and {len(outputs)} outputs; a classifier has one output, "
+                          "its scores")
     return ChildModel(name, config.max_batch_size, image, outputs, preprocess, labels, scores, inputs,
-                      _detector(name, outputs, params), _weights_warning(name, model_dir, params))
+                      _detector(name, outputs, params),
+                      _weights_warning(name, model_dir, params.get("artifact") or config.default_model_filename))
 
 
-def _weights_warning(name: str, model_dir: Path | None, params: dict[str, str]) -> str | None:
-    """What to say of a model whose newest engine file was exported with random weights."""
-    artifact = params.get("artifact")
+def _weights_warning(name: str, model_dir: Path | None, artifact: str) -> str | None:
+    """What to say of a model whose newest engine file (the python backend's `artifact`
+    parameter, or a native backend's default_model_filename) was exported with random weights."""
     if model_dir is None or not artifact:
         return None
     for version in version_folders(model_dir):
@@ -255,8 +267,8 @@ def _image_input(name: str, inputs: tuple[TensorInfo, ...], params: dict[str, st
             raise ConfigError(f"model {name}: parameter image_input={params['image_input']!r} names no input; "
                               f"its inputs: {', '.join(t.name for t in inputs)}")
         if chosen.dtype not in ("STRING", *PIXEL_TYPES):
-            raise ConfigError(f"model {name}: image input {chosen.name} is TYPE_{chosen.dtype}; an image input is TYPE_STRING "
-                              f"(encoded bytes) or pixels as {', '.join('TYPE_' + t for t in PIXEL_TYPES)}")
+            raise ConfigError(f"model {name}: image input {chosen.name} is TYPE_{chosen.dtype}; an image input is "
+                              f"TYPE_STRING (encoded bytes) or pixels as {', '.join('TYPE_' + t for t in PIXEL_TYPES)}")
         return chosen
     required = [t for t in inputs if not t.optional]
     if len(required) == 1 and _looks_like_image(required[0]):
@@ -271,8 +283,8 @@ def _detector(name: str, outputs: tuple[TensorInfo, ...], params: dict[str, str]
     if "boxes_output" not in params:
         given = [k for k in keys if k in params]
         if given:
-            raise ConfigError(f"model {name}: {', '.join(given)} describe a detector's boxes; add boxes_output (the output "
-                              "holding them) or remove them")
+            raise ConfigError(f"model {name}: {', '.join(given)} describe a detector's boxes; add boxes_output (the "
+                              "output holding them) or remove them")
         return None
     by_name = {o.name: o for o in outputs}
 
@@ -282,7 +294,8 @@ def _detector(name: str, outputs: tuple[TensorInfo, ...], params: dict[str, str]
         value = params[key].strip()
         o = by_name.get(value)
         if o is None:
-            raise ConfigError(f"model {name}: parameter {key}={value!r} names no output; its outputs: {', '.join(by_name)}")
+            raise ConfigError(f"model {name}: parameter {key}={value!r} names no output; its outputs: "
+                              f"{', '.join(by_name)}")
         if len(o.dims) != dims or (last is not None and o.dims[-1] != last):
             want = {("boxes_output", 2): "[-1, 4]", ("count_output", 1): "[1]"}.get((key, dims), "[-1]")
             raise ConfigError(f"model {name}: output {o.name} ({key}) has dims {list(o.dims)}; it needs {want} "
@@ -319,12 +332,14 @@ def child_folder(repo: Path, name: str, caller_dir: Path | None = None) -> Path:
         if (copy / "config.pbtxt").is_file():
             model_dir = copy
         else:
-            raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'} and {Path(caller_dir).name} has no copy in "
-                              f"{copy}: fix the setting that names it, or add the model. From a remote repository (S3) "
-                              f"Triton copies only {Path(caller_dir).name}'s own folder: publish it with bls-publish, "
+            raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'} and {Path(caller_dir).name} has no "
+                              f"copy in {copy}: fix the setting that names it, or add the model. From a remote "
+                              f"repository (S3) Triton copies only {Path(caller_dir).name}'s own folder: publish it "
+                              "with bls-publish, "
                               f"which copies the config and labels of every model it calls into {CHILDREN_DIR}/")
     if not (model_dir / "config.pbtxt").is_file():
-        raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'}: fix the setting that names it, or add the model")
+        raise ConfigError(f"model {name} has no {model_dir / 'config.pbtxt'}: fix the setting that names it, or add "
+                          "the model")
     return model_dir
 
 
