@@ -35,8 +35,8 @@ from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.stages.batching import decode_to_batch
 from bls_pipeline.stages.decode import DecodePolicy
 
-__all__ = ["GATE", "Engine", "EngineAccuracy", "Gate", "LabelsError", "engines_of", "exact_runner", "measure", "read_labels",
-           "served_runner", "table"]
+__all__ = ["GATE", "Engine", "EngineAccuracy", "Gate", "LabelsError", "engines_of", "exact_runner", "measure",
+           "read_labels", "served_runner", "table"]
 
 LABELS_FILE = "labels.csv"
 
@@ -187,7 +187,8 @@ def measure(repo: Path, model: str, folder: Path, extra: Sequence[Path] = (), ba
     spec = load_child(repo, EXPORTS[model].onnx_model).preprocess
     engines = engines_of(repo, model, extra, exact)
     if not engines[0].path.is_file():
-        raise FileNotFoundError(f"{engines[0].path} is missing: run `python -m engine_build export --model {model}` first")
+        raise FileNotFoundError(f"{engines[0].path} is missing: run `python -m engine_build export --model {model}` "
+                                "first")
     runners = [exact_runner(e.path) if e.exact else served_runner(repo, e.settings_from, e.path) for e in engines]
     classes = np.array([c for _, c in labelled])
     top5 = np.empty((len(engines), len(labelled), 5), np.int64)
@@ -208,7 +209,8 @@ def measure(repo: Path, model: str, folder: Path, extra: Sequence[Path] = (), ba
     results = []
     for i, engine in enumerate(engines):
         top1 = float(np.mean(top5[i, :, 0] == classes))
-        result = EngineAccuracy(engine.name, engine.built_as, len(labelled), top1, float(np.mean((top5[i] == classes[:, None]).any(axis=1))),
+        result = EngineAccuracy(engine.name, engine.built_as, len(labelled), top1,
+                                float(np.mean((top5[i] == classes[:, None]).any(axis=1))),
                                 float(np.mean(top5[i, :, 0] == top5[0, :, 0])), top1 / fp32_top1 if fp32_top1 else 0.0,
                                 seconds[i] / len(labelled) * 1e3, False)
         results.append(EngineAccuracy(**{**asdict(result), "passes": gate.passes(result)}))
@@ -222,6 +224,6 @@ def table(results: Sequence[EngineAccuracy], gate: Gate = GATE) -> str:
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in results:
         verdict = "(reference)" if r is fp32 else ("passes" if r.passes else f"no: {gate.why_not(r)}")
-        lines.append(f"| {r.engine} | {r.built_as or '-'} | {r.top1:.1%} | {r.top5:.1%} | {r.agreement:.1%} | {r.ratio:.3f} | "
-                     f"{r.ms_per_image:.2f} | {verdict} |")
+        lines.append(f"| {r.engine} | {r.built_as or '-'} | {r.top1:.1%} | {r.top5:.1%} | {r.agreement:.1%} | "
+                     f"{r.ratio:.3f} | {r.ms_per_image:.2f} | {verdict} |")
     return "\n".join(lines) + "\n"

@@ -26,8 +26,8 @@ from bls_pipeline.contract import CLASSIFIER_INPUT
 from bls_pipeline.stages.decode import IMAGE_SUFFIXES
 from bls_pipeline.stages.preprocess import PreprocessSpec, preprocess_into
 
-__all__ = ["CalibrationError", "DEFAULT_METHOD", "METHODS", "calibration_images", "calibration_tensors", "convert_openvino",
-           "quantize"]
+__all__ = ["CalibrationError", "DEFAULT_METHOD", "METHODS", "calibration_images", "calibration_tensors",
+           "convert_openvino", "quantize"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Pat
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise CalibrationError(f"calibration folder {folder} does not exist (give --calibration DIR, a folder of images)")
+        raise CalibrationError(f"calibration folder {folder} does not exist (give --calibration DIR, a folder of "
+                               "images)")
     files = sorted(p for p in folder.iterdir() if p.is_file())
     images, unreadable = [], []
     for path in (p for p in files if p.suffix.lower() in IMAGE_SUFFIXES):
@@ -75,11 +76,13 @@ def calibration_images(folder: Path, limit: int | None = None) -> list[tuple[Pat
     if not images:
         others = [p.name for p in files if p.suffix.lower() not in IMAGE_SUFFIXES]
         seen = "; ".join(f"{what}: {_first_five(names)}" for what, names in
-                         (("unreadable", unreadable), (f"not named {'/'.join(sorted(IMAGE_SUFFIXES))}", others)) if names)
+                         (("unreadable", unreadable), (f"not named {'/'.join(sorted(IMAGE_SUFFIXES))}", others))
+                         if names)
         raise CalibrationError(f"calibration folder {folder} has no readable image" + (f" ({seen})" if seen else "")
                                + ": put JPEG or PNG photos like the ones you serve in it")
     if unreadable:
-        log.warning("calibration: skipped %d unreadable files in %s: %s", len(unreadable), folder, ", ".join(unreadable[:5]))
+        log.warning("calibration: skipped %d unreadable files in %s: %s", len(unreadable), folder,
+                    ", ".join(unreadable[:5]))
     return images
 
 
@@ -87,7 +90,8 @@ def _first_five(names: list[str]) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
-def calibration_tensors(folder: Path, spec: PreprocessSpec, limit: int | None = None, mirror: bool = True) -> np.ndarray:
+def calibration_tensors(folder: Path, spec: PreprocessSpec, limit: int | None = None,
+                        mirror: bool = True) -> np.ndarray:
     """(N, 3, H, W) float32: every readable image of `folder` (and its mirror image),
     preprocessed as `spec` says, with a progress bar."""
     from PIL import Image

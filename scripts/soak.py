@@ -42,8 +42,8 @@ from bls_pipeline.base.messages import BUSY
 
 REPO = Path(__file__).resolve().parent.parent
 # What tritonserver writes when it aborts or crashes (Triton 2.51's signal handler, glibc).
-FATAL = re.compile(r"Signal \((?!15\)|2\))\d+\) received|TraceRelease|malloc\(\)|double free|corrupted|Assertion .* failed|"
-                   r"terminate called|Segmentation fault")
+FATAL = re.compile(r"Signal \((?!15\)|2\))\d+\) received|TraceRelease|malloc\(\)|double free|corrupted|Assertion .* "
+                   r"failed|terminate called|Segmentation fault")
 
 
 def _free_port() -> int:
@@ -88,7 +88,8 @@ def _closed_loop(stop: threading.Event, tally: Tally, url: str, protocol: str, m
     import tritonclient.http as httpclient
 
     tc = grpcclient if protocol == "grpc" else httpclient
-    client = tc.InferenceServerClient(url, network_timeout=60.0) if protocol == "http" else tc.InferenceServerClient(url)
+    client = (tc.InferenceServerClient(url, network_timeout=60.0) if protocol == "http"
+              else tc.InferenceServerClient(url))
     i = 0
     try:
         while not stop.is_set():
@@ -110,7 +111,8 @@ def _closed_loop(stop: threading.Event, tally: Tally, url: str, protocol: str, m
         client.close()
 
 
-def _cancelled_bursts(stop: threading.Event, tally: Tally, url: str, model: str, images: list[bytes], burst: int) -> None:
+def _cancelled_bursts(stop: threading.Event, tally: Tally, url: str, model: str, images: list[bytes],
+                      burst: int) -> None:
     """Upstream's pattern for Triton's tracing crash: async gRPC calls abandoned after 1 ms."""
     import tritonclient.grpc as grpcclient
 
@@ -144,22 +146,26 @@ def _get(url: str, timeout_s: float) -> tuple[int | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Anything after -- goes to bls-serve.")
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--model", default="classify_bls")
     p.add_argument("--grpc", type=int, default=6, help="closed-loop gRPC clients")
     p.add_argument("--http", type=int, default=2, help="closed-loop HTTP clients")
     p.add_argument("--impatient", type=int, default=4, help="gRPC clients with a 0.2 s deadline")
-    p.add_argument("--bad", type=int, default=1, help="clients sending an unknown parameter (a 400 at the door), 10 a second each")
+    p.add_argument("--bad", type=int, default=1,
+                   help="clients sending an unknown parameter (a 400 at the door), 10 a second each")
     p.add_argument("--burst", type=int, default=50, help="gRPC calls cancelled after 1 ms, each second (0: none)")
-    p.add_argument("--log", type=Path, default=REPO / "build" / "soak.log", help="bls-serve's output, tritonserver's log in it")
+    p.add_argument("--log", type=Path, default=REPO / "build" / "soak.log",
+                   help="bls-serve's output, tritonserver's log in it")
     args, serve_args = p.parse_known_args(argv)
     serve_args = [a for a in serve_args if a != "--"]
 
     ports = {k: _free_port() for k in ("http", "grpc", "metrics", "status")}
     cmd = [str(Path(sys.executable).parent / "bls-serve"), "--http-port", str(ports["http"]), "--grpc-port",
-           str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--status-port", str(ports["status"]), *serve_args]
+           str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--status-port", str(ports["status"]),
+           *serve_args]
     args.log.parent.mkdir(parents=True, exist_ok=True)
     log = open(args.log, "w")
     print(f"soak: {' '.join(cmd)}\nsoak: its output in {args.log}", flush=True)
@@ -180,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     stop, tally = threading.Event(), Tally()
     work = [partial(_closed_loop, stop, tally, grpc, "grpc", args.model, images) for _ in range(args.grpc)]
     work += [partial(_closed_loop, stop, tally, http, "http", args.model, images) for _ in range(args.http)]
-    work += [partial(_closed_loop, stop, tally, grpc, "grpc", args.model, images, timeout_s=0.2) for _ in range(args.impatient)]
-    work += [partial(_closed_loop, stop, tally, http, "http", args.model, images[:1], parameters={"no_such_parameter": 1},
-                     pause_s=0.1) for _ in range(args.bad)]
+    work += [partial(_closed_loop, stop, tally, grpc, "grpc", args.model, images, timeout_s=0.2)
+             for _ in range(args.impatient)]
+    work += [partial(_closed_loop, stop, tally, http, "http", args.model, images[:1],
+                     parameters={"no_such_parameter": 1}, pause_s=0.1) for _ in range(args.bad)]
     if args.burst:
         work.append(partial(_cancelled_bursts, stop, tally, grpc, args.model, images, args.burst))
     threads = [threading.Thread(target=w, daemon=True) for w in work]
@@ -226,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsoak: {minutes:.1f} min of load on {args.model}: {sum(tally.counts.values())} requests")
     for kind, n in sorted(tally.counts.items(), key=lambda kv: -kv[1]):
         print(f"  {n:8d}  {kind}")
-    print(f"tritonserver aborts or crashes in its log: {len(fatal)} line(s)" + "".join(f"\n  {ln[:200]}" for ln in fatal[:10]))
+    print(f"tritonserver aborts or crashes in its log: {len(fatal)} line(s)"
+          + "".join(f"\n  {ln[:200]}" for ln in fatal[:10]))
     print(f"tritonserver ends bls-serve saw: {len(deaths)}" + "".join(f"\n  {d}" for d in deaths[:10]))
     print(f"restarts by cause (status port): {restarts or 'no such metric'}")
     print(f"liveness checks unanswered: {unanswered} of {checks}")

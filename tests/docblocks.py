@@ -56,8 +56,8 @@ def user_checkout(root: Path, models: Path) -> Path:
 def run_block(block: str, cwd: Path, timeout: int = 420) -> subprocess.CompletedProcess:
     """One command block through bash, as a reader would paste it; its process group (a
     server it started in the background included) is gone afterwards."""
-    proc = subprocess.Popen(["bash", "-ec", block], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(["bash", "-ec", block], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

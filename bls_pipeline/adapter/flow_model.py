@@ -61,8 +61,10 @@ def flow_model(pb_utils: Any) -> type:
                          args["model_instance_name"], instance_device(args))
             elif settings.run_in_process:  # children whose engines this instance runs itself
                 lists = [tuple(c) for c in self.runtime.settings.candidate_lists()]
-                lists += [(settings.canary.model,)] if settings.canary is not None else []  # a shadow's calls go to Triton
-                self.in_process = InProcessChildren(args["model_name"], model_dir.parent, settings.run_in_process, lists)
+                # a shadow's calls go to Triton
+                lists += [(settings.canary.model,)] if settings.canary is not None else []
+                self.in_process = InProcessChildren(args["model_name"], model_dir.parent, settings.run_in_process,
+                                                    lists)
                 self.send = self.in_process.send(self.transport.send)
             self.send = TimedSend(self.send)  # the child calls' wall time, for the execute() record
             if self.runtime.shadow is not None:  # mirrored calls: on the shadow's thread, their own transport
@@ -138,7 +140,8 @@ def flow_model(pb_utils: Any) -> type:
             times.lap("responses")
             if self.runtime.options.log_executions or self.records.active:  # else nobody reads it: not built
                 record = line(execution_record(self.runtime.name, self.instance, times, time.monotonic_ns(), *users,
-                                               probes=sum(probe), in_process=self.in_process.models if self.in_process else ()))
+                                               probes=sum(probe),
+                                               in_process=self.in_process.models if self.in_process else ()))
                 if self.runtime.options.log_executions:
                     log.info("%s", record)
                 self.records.send(record)
@@ -189,4 +192,5 @@ def _respond(pb_utils: Any, result, wanted: set[str]) -> Any:
         return pb_utils.InferenceResponse(error=error(result.message, code))
     values = {LABELS.name: result.labels, SCORES.name: result.scores, CLASS_IDS.name: result.class_ids,
               ROUTE.name: result.routes, **result.outputs}
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, v) for name, v in values.items() if name in wanted])
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, v) for name, v in values.items()
+                                                      if name in wanted])

@@ -42,7 +42,8 @@ def function_model(pb_utils: Any) -> type:
             freeze_startup_objects()
 
         def execute(self, requests):
-            parts = {n: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, n)) for r in requests] for n in self.inputs}
+            parts = {n: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, n)) for r in requests]
+                     for n in self.inputs}
             sizes = [len(a) for a in parts[self.inputs[0]]]
             outputs = self.fn({n: p[0] if len(p) == 1 else np.concatenate(p) for n, p in parts.items()})
             broken = check_outputs(outputs, self.outputs, sum(sizes))
@@ -53,7 +54,8 @@ def function_model(pb_utils: Any) -> type:
                 return [pb_utils.InferenceResponse(error=error) for _ in requests]
             responses, start = [], 0
             for n in sizes:
-                tensors = [pb_utils.Tensor(o.name, np.ascontiguousarray(outputs[o.name][start:start + n])) for o in self.outputs]
+                tensors = [pb_utils.Tensor(o.name, np.ascontiguousarray(outputs[o.name][start:start + n]))
+                           for o in self.outputs]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
                 start += n
             return responses

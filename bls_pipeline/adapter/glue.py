@@ -16,7 +16,8 @@ import numpy as np
 from ..contract import PROBE_PARAMETER
 from ..base.tensors import TensorInfo
 
-__all__ = ["bridge_logging", "declared_outputs", "freeze_startup_objects", "instance_count", "instance_device", "is_probe",
+__all__ = ["bridge_logging", "declared_outputs", "freeze_startup_objects", "instance_count", "instance_device",
+           "is_probe",
            "model_parameters", "request_parameters", "tensor_from_numpy", "tensor_to_array", "tensor_to_numpy"]
 
 

@@ -89,14 +89,17 @@ _FAMILIES = {
     "images": ("bls_images_total", "Images answered by the flow model, by route"),
     "seconds": ("bls_stage_seconds_total", "Seconds spent per stage"),
     "executions": ("bls_executions_total", "execute() calls of the flow model"),
-    "dropped": ("bls_dropped_images_total", "Images of requests dropped before they finished, by why (cancelled, expired, "
-                "no_time), the stage where (admission or the child about to be called) and the status code sent"),
-    "degraded": ("bls_degraded_images_total", "Images answered degraded: the optional stage (child model) skipped under "
-                 "overload, and why (late: it would have answered too late; busy: it refused the call)"),
+    "dropped": ("bls_dropped_images_total",
+                "Images of requests dropped before they finished, by why (cancelled, expired, no_time), the stage "
+                "where (admission or the child about to be called) and the status code sent"),
+    "degraded": ("bls_degraded_images_total",
+                 "Images answered degraded: the optional stage (child model) skipped under overload, and why (late: it "
+                 "would have answered too late; busy: it refused the call)"),
     "child_calls": ("bls_child_calls_total", "Child requests sent, by child model"),
     "child_images": ("bls_child_images_total", "Images sent to child models, by child model"),
     "child_seconds": ("bls_child_seconds_total", "Seconds waiting for child models, by child model"),
-    "shadow_calls": ("bls_shadow_calls_total", "Shadow: calls drawn to mirror, by outcome (compared, failed, skipped, unready)"),
+    "shadow_calls": ("bls_shadow_calls_total",
+                     "Shadow: calls drawn to mirror, by outcome (compared, failed, skipped, unready)"),
     "shadow_rows": ("bls_shadow_rows_total", "Shadow: rows compared"),
     "shadow_agree": ("bls_shadow_top1_agree_total", "Shadow: rows whose top-1 agree"),
     "shadow_overlap": ("bls_shadow_top5_overlap_total", "Shadow: top-5 overlap summed over rows"),
@@ -185,7 +188,8 @@ class OutcomeSummary:
         parts = []
         refused = sum(self._refused.values())
         if refused:
-            why = ", ".join(f"{reason} {n:.0f}" for reason, n in sorted(self._refused.items(), key=lambda kv: (-kv[1], kv[0])))
+            why = ", ".join(f"{reason} {n:.0f}"
+                            for reason, n in sorted(self._refused.items(), key=lambda kv: (-kv[1], kv[0])))
             parts.append(f"{refused:.0f} refused with UNAVAILABLE ({why})")
         if self._cancelled:
             parts.append(f"{self._cancelled:.0f} cancelled by their clients")
@@ -216,7 +220,8 @@ class FlowMetrics:
     def __init__(self, pb_utils: Any, model: str, instance: str, flush_s: float = 0.25, stages: Sequence[str] = ()):
         family = pb_utils.MetricFamily
         self._labels = {"model": model, "instance": instance}
-        self._families = {key: family(name=name, description=text, kind=family.COUNTER) for key, (name, text) in _FAMILIES.items()}
+        self._families = {key: family(name=name, description=text, kind=family.COUNTER)
+                          for key, (name, text) in _FAMILIES.items()}
         self._metrics: dict[tuple, Any] = {}
         self._pending: dict[tuple, float] = {}
         self._flush_s = flush_s

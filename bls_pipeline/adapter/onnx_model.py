@@ -57,7 +57,8 @@ def batch_model(pb_utils: Any, stage: str) -> type:
                             "weights (python -m engine_build export --help)", args["model_name"], path.name)
             self._released = threading.Event()
             if args["model_name"] in os.environ.get(STANDBY_ENV, "").split(","):
-                self.model = StandbyEngine(args["model_name"], lambda: open_engine(path, *declared.names, params, declared),
+                self.model = StandbyEngine(args["model_name"],
+                                           lambda: open_engine(path, *declared.names, params, declared),
                                            float(params.get("standby_release_s", "30")))
                 threading.Thread(target=self._release_when_idle, name="bls-standby", daemon=True).start()
             else:
@@ -78,12 +79,15 @@ def batch_model(pb_utils: Any, stage: str) -> type:
             if isinstance(self.model, StandbyEngine) and all(map(is_probe, requests)):
                 # The watchdog's probes find a standby's stub alive; they neither open its
                 # engine nor keep it open (its calls judge it).
-                return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in self._probe_answer.items()])
+                return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v)
+                                                                   for n, v in self._probe_answer.items()])
                         for _ in requests]
-            feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests] for name in self.inputs}
+            feeds = {name: [tensor_to_numpy(pb_utils.get_input_tensor_by_name(r, name)) for r in requests]
+                     for name in self.inputs}
             sizes = [len(a) for a in feeds[self.inputs[0]]]
             with hooks.stage(stage):
-                outputs = self.model.run({name: parts[0] if len(parts) == 1 else np.concatenate(parts) for name, parts in feeds.items()})
+                outputs = self.model.run({name: parts[0] if len(parts) == 1 else np.concatenate(parts)
+                                          for name, parts in feeds.items()})
             assert all(len(v) == sum(sizes) for v in outputs.values()), "output batch must equal the summed input batch"
             responses, start = [], 0
             for n in sizes:

@@ -80,7 +80,8 @@ class ExecuteTimes:
 
 
 def execution_record(flow: str, instance: str, times: ExecuteTimes, t1_ns: int, request_ids: Sequence[str],
-                     results: Sequence, timings: Timings | None, probes: int, in_process: Sequence[str] = ()) -> dict[str, Any]:
+                     results: Sequence, timings: Timings | None, probes: int,
+                     in_process: Sequence[str] = ()) -> dict[str, Any]:
     """One execute() as a record (the keys docs/reliability.md, "Tracing", shows): its users'
     requests (their ids; "#<i>" for one sent without), which of them failed, whose trace the
     child calls joined (the first's), the probes beside them, its parts and its children, in
@@ -88,8 +89,8 @@ def execution_record(flow: str, instance: str, times: ExecuteTimes, t1_ns: int, 
     ids = [rid or f"#{i}" for i, rid in enumerate(request_ids)]
     children = {} if timings is None else timings.children
     return {
-        "event": "bls_execute", "flow": flow, "instance": instance, "pid": os.getpid(), "t0_ns": times.t0_ns, "t1_ns": t1_ns,
-        "requests": ids, "probes": probes,
+        "event": "bls_execute", "flow": flow, "instance": instance, "pid": os.getpid(), "t0_ns": times.t0_ns,
+        "t1_ns": t1_ns, "requests": ids, "probes": probes,
         "images": sum(len(r.routes) for r in results if isinstance(r, Prediction)),
         "failed": {rid: r.code for rid, r in zip(ids, results) if not isinstance(r, Prediction)},
         "child_calls_traced_with": ids[0] if ids else None,

@@ -18,7 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .glue import bridge_logging, freeze_startup_objects, instance_device, model_parameters, tensor_from_numpy, tensor_to_array
+from .glue import (bridge_logging, freeze_startup_objects, instance_device, model_parameters, tensor_from_numpy,
+                   tensor_to_array)
 
 __all__ = ["torch_model"]
 
@@ -37,8 +38,8 @@ def torch_model(pb_utils: Any) -> type:
             self.input, self.output = tensor_in["name"], tensor_out["name"]
             self.name = args["model_name"]
             self._seen: set[str] = set()  # where inputs arrived from, said once each in the log
-            self.model = TorchClassifier(Path(args["model_repository"]) / args["model_version"] / settings.artifact, settings,
-                                         instance_device(args) or "cpu", int(config["max_batch_size"]),
+            self.model = TorchClassifier(Path(args["model_repository"]) / args["model_version"] / settings.artifact,
+                                         settings, instance_device(args) or "cpu", int(config["max_batch_size"]),
                                          tuple(int(d) for d in tensor_in["dims"]))
             freeze_startup_objects()
 
@@ -60,7 +61,8 @@ def torch_model(pb_utils: Any) -> type:
             for n in sizes:
                 rows = logits[start:start + n]
                 value = rows if rows.is_cuda else rows.numpy()
-                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor_from_numpy(pb_utils, self.output, value)]))
+                tensor = tensor_from_numpy(pb_utils, self.output, value)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
                 start += n
             return responses
 

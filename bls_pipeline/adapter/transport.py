@@ -79,7 +79,8 @@ class TritonTransport:
             options["timeout"] = max(1, int(req.timeout_s * 1e6))
         if self.trace is not None:  # Triton records this call as a child of that request's trace
             options["trace"] = self.trace
-        return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs, **options)
+        return self._pb.InferenceRequest(model_name=req.model, requested_output_names=list(req.outputs), inputs=inputs,
+                                         **options)
 
     @staticmethod
     def _exec(request: Any) -> Any:

@@ -34,9 +34,11 @@ def triton_dtype(name: str) -> str:
 PIXEL_TYPES = ("FP32", "FP16", "UINT8")
 
 # An engine file's own words for its tensors' types -> Triton's (engines/artifact_io.py).
-ONNX_TYPES = {"float": "FP32", "float16": "FP16", "double": "FP64", "bfloat16": "BF16", "int8": "INT8", "int16": "INT16",
+ONNX_TYPES = {"float": "FP32", "float16": "FP16", "double": "FP64", "bfloat16": "BF16", "int8": "INT8",
+              "int16": "INT16",
               "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32",
               "uint64": "UINT64", "bool": "BOOL", "string": "STRING"}
-OPENVINO_TYPES = {"f32": "FP32", "f16": "FP16", "f64": "FP64", "bf16": "BF16", "i8": "INT8", "i16": "INT16", "i32": "INT32",
+OPENVINO_TYPES = {"f32": "FP32", "f16": "FP16", "f64": "FP64", "bf16": "BF16", "i8": "INT8", "i16": "INT16",
+                  "i32": "INT32",
                   "i64": "INT64", "u8": "UINT8", "u16": "UINT16", "u32": "UINT32", "u64": "UINT64", "boolean": "BOOL",
                   "string": "STRING"}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-__all__ = ["BACKEND_KEYS", "ConfigFileError", "ModelConfig", "RELOAD_KEY", "config_variant", "data_type", "parse_config", "served_config", "string_parameters"]
+__all__ = ["BACKEND_KEYS", "ConfigFileError", "ModelConfig", "RELOAD_KEY", "config_variant", "data_type",
+           "parse_config", "served_config", "string_parameters"]
 
 
 class ConfigFileError(ValueError):
@@ -55,7 +56,8 @@ def parse_config(model_dir: Path) -> ModelConfig:
     path = Path(model_dir) / "config.pbtxt"
     try:
         return text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
-    except text_format.ParseError as exc:  # its text: "3:20 : 'max_batch_size: 64 {': Expected identifier or number, got {."
+    # its text: "3:20 : 'max_batch_size: 64 {': Expected identifier or number, got {."
+    except text_format.ParseError as exc:
         where = f"{path}:{exc.GetLine()}:{exc.GetColumn()}" if exc.GetLine() else str(path)
         reason = str(exc).split(" : ", 1)[-1] if exc.GetLine() else str(exc)
         raise ConfigFileError(f"{where}: {' '.join(reason.split())}") from None

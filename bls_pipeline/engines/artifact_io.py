@@ -65,7 +65,8 @@ class Declared:
         config = json.loads(config) if isinstance(config, str) else config
 
         def infos(tensors):
-            return tuple(TensorInfo(t["name"], t["data_type"].replace("TYPE_", ""), tuple(int(d) for d in t.get("dims", [])))
+            return tuple(TensorInfo(t["name"], t["data_type"].replace("TYPE_", ""),
+                                    tuple(int(d) for d in t.get("dims", [])))
                          for t in tensors)
 
         return cls(config["name"], int(config.get("max_batch_size", 0)), infos(config.get("input", [])),
@@ -85,13 +86,14 @@ class Declared:
             if missing or (extra and kind == "input"):
                 have = ", ".join(f"{t.name} ({t.shown()})" for t in found) or "none"
                 raise ConfigError(f"model {self.model}: its config.pbtxt declares {kind}(s) "
-                                  f"{', '.join(t.name for t in declared)}, and {source} has {have}: re-export it or fix the config")
+                                  f"{', '.join(t.name for t in declared)}, and {source} has {have}: re-export it or "
+                                  "fix the config")
             for info in declared:
                 problem = self._differs(info, by_name[info.name])
                 if problem:
                     raise ConfigError(f"model {self.model}: {kind} {info.name}: its config.pbtxt declares "
-                                      f"{self._shown(info)}, and {source} has {by_name[info.name].shown()} ({problem}): "
-                                      "re-export it or fix the config")
+                                      f"{self._shown(info)}, and {source} has {by_name[info.name].shown()} "
+                                      f"({problem}): re-export it or fix the config")
 
     def _shown(self, info: TensorInfo) -> str:
         batch = f", max_batch_size {self.max_batch_size}" if self.max_batch_size > 0 else ""

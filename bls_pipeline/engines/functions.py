@@ -34,7 +34,8 @@ def load_function(version_dir: Path, spec: str) -> Callable[[dict], dict]:
     file, _, name = spec.partition(":")
     path = Path(version_dir) / file
     if not name or not file.endswith(".py"):
-        raise ConfigError(f"parameter {FUNCTION_PARAMETER}={spec!r}: write file.py:function, e.g. \"measures.py:measure\"")
+        raise ConfigError(f"parameter {FUNCTION_PARAMETER}={spec!r}: write file.py:function, e.g. "
+                          "\"measures.py:measure\"")
     if not path.is_file():
         raise ConfigError(f"parameter {FUNCTION_PARAMETER}={spec!r}: {path} is missing")
     module_spec = importlib.util.spec_from_file_location(f"bls_function_{path.parent.parent.name}_{path.stem}", path)

@@ -37,7 +37,8 @@ class OnnxModel:
         except ImportError as exc:
             raise ImportError("onnxruntime is needed for the CPU models: pip install 'bls-pipeline[serve]'") from exc
         if not Path(model_path).exists():
-            raise FileNotFoundError(f"{model_path} is missing: export it with engine_build (python -m engine_build export --help)")
+            raise FileNotFoundError(f"{model_path} is missing: export it with engine_build (python -m engine_build "
+                                    "export --help)")
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
@@ -63,8 +64,8 @@ class OnnxModel:
         names_in = sorted(i.name for i in self._session.get_inputs())
         names_out = sorted(o.name for o in self._session.get_outputs())
         if names_in != sorted(inputs) or names_out != sorted(outputs):
-            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt declares "
-                             f"{sorted(inputs)} and {sorted(outputs)}: re-export it or fix the config")
+            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt "
+                             f"declares {sorted(inputs)} and {sorted(outputs)}: re-export it or fix the config")
         self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         log.info("onnxruntime session on %s (intra-op threads: %s)", model_path, intra_op_threads or "one per core")
 
@@ -82,12 +83,13 @@ class OpenVinoModel:
     (NNCF) runs its quantized layers in INT8 whatever `precision` says.
     """
 
-    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], threads: int = 0, precision: str = "",
-                 declared: Declared | None = None):
+    def __init__(self, model_path: Path, inputs: Sequence[str], outputs: Sequence[str], threads: int = 0,
+                 precision: str = "", declared: Declared | None = None):
         try:
             import openvino as ov
         except ImportError as exc:
-            raise ImportError("openvino is needed for the *_openvino models: pip install 'bls-pipeline[openvino]'") from exc
+            raise ImportError("openvino is needed for the *_openvino models: pip install "
+                              "'bls-pipeline[openvino]'") from exc
         model_path = Path(model_path)
         if not model_path.exists() or not model_path.with_suffix(".bin").exists():
             raise FileNotFoundError(f"{model_path} (and its .bin) is missing: build it with engine_build "
@@ -95,12 +97,15 @@ class OpenVinoModel:
         core = ov.Core()
         model = core.read_model(os.path.realpath(model_path))
         if declared is not None:  # names, data types and dims
-            declared.check(model_path.name, openvino_tensors(model.inputs, inputs), openvino_tensors(model.outputs, outputs))
-        names_in = sorted(n for p in model.inputs for n in p.get_names() if n in inputs) or sorted(p.get_any_name() for p in model.inputs)
-        names_out = sorted(n for p in model.outputs for n in p.get_names() if n in outputs) or sorted(p.get_any_name() for p in model.outputs)
+            declared.check(model_path.name, openvino_tensors(model.inputs, inputs),
+                           openvino_tensors(model.outputs, outputs))
+        names_in = (sorted(n for p in model.inputs for n in p.get_names() if n in inputs)
+                    or sorted(p.get_any_name() for p in model.inputs))
+        names_out = (sorted(n for p in model.outputs for n in p.get_names() if n in outputs)
+                     or sorted(p.get_any_name() for p in model.outputs))
         if names_in != sorted(inputs) or names_out != sorted(outputs):
-            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt declares "
-                             f"{sorted(inputs)} and {sorted(outputs)}: rebuild it or fix the config")
+            raise ValueError(f"{model_path} has inputs {names_in} and outputs {names_out}, but its config.pbtxt "
+                             f"declares {sorted(inputs)} and {sorted(outputs)}: rebuild it or fix the config")
         config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}
         if threads:
             config["INFERENCE_NUM_THREADS"] = str(threads)

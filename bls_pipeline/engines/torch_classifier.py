@@ -48,7 +48,8 @@ class TorchSettings:
     @classmethod
     def parse(cls, params: dict[str, str], model: str) -> "TorchSettings":
         known = [f for f in cls.__dataclass_fields__]
-        unknown = sorted(k for k in params if k not in known and k not in _OTHER_KEYS and not k.startswith(_OTHER_PREFIX))
+        unknown = sorted(k for k in params if k not in known and k not in _OTHER_KEYS
+                         and not k.startswith(_OTHER_PREFIX))
         if unknown:
             raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for model {model}; known: {', '.join(known)}")
         values: dict[str, Any] = {}
@@ -114,7 +115,8 @@ class TorchClassifier:
 
     def _input(self, size: int):
         shape = (size, *self.input_shape)
-        return self._torch.zeros(shape, dtype=self.dtype, device=self.device).contiguous(memory_format=self.memory_format)
+        return self._torch.zeros(shape, dtype=self.dtype,
+                                 device=self.device).contiguous(memory_format=self.memory_format)
 
     def _warm_up(self) -> None:
         """The first batches of each bucket size (or of 1 and max_batch_size) outside the
@@ -153,7 +155,8 @@ class TorchClassifier:
         """(N, 3, H, W) on this device -> (N, classes) float32 logits on this device."""
         torch = self._torch
         if len(batch) > self.max_batch_size:
-            return torch.cat([self(batch[i:i + self.max_batch_size]) for i in range(0, len(batch), self.max_batch_size)])
+            return torch.cat([self(batch[i:i + self.max_batch_size])
+                              for i in range(0, len(batch), self.max_batch_size)])
         x = batch.to(dtype=self.dtype, memory_format=self.memory_format)
         with torch.inference_mode():
             if self._graphs:

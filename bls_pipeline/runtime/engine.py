@@ -102,14 +102,16 @@ class FlowRuntime:
         classes = [len(c.labels) for c in children.values() if c.is_classifier]
         max_topk = min(classes) if classes else 1
         if self.options.default_topk > max_topk:
-            raise ConfigError(f"model {self.name}: default_topk={self.options.default_topk} but its classifiers have {max_topk} classes")
+            raise ConfigError(f"model {self.name}: default_topk={self.options.default_topk} but its classifiers have "
+                              f"{max_topk} classes")
         pixel_specs = [c.preprocess for c in children.values() if c.preprocess is not None]
         # Decoded once per run, preprocessed for the first pixel model declared; another
         # model with the same pixels is re-normalised, one with other pixels (size, colour)
         # is preprocessed from the decoded images, which are kept for that.
         self.primary_spec: PreprocessSpec | None = pixel_specs[0] if pixel_specs else None
         # keep_images: the flow cuts regions (the load check saw it call regions()).
-        self.keep_images = self.uses_regions or any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:])
+        self.keep_images = (self.uses_regions
+                            or any(renormalize_impossible(self.primary_spec, s) for s in pixel_specs[1:]))
         self.max_topk = max_topk
         if getattr(self, "children", None) is None:
             self.children = children
@@ -132,7 +134,8 @@ class FlowRuntime:
             try:
                 child = child_model(model, config, self.child_dirs.get(model))
             except (ConfigError, OSError) as exc:
-                log.error("flow %s: %s as served now cannot be called (%s); calling it as before", self.name, model, exc)
+                log.error("flow %s: %s as served now cannot be called (%s); calling it as before", self.name, model,
+                          exc)
                 continue
             if child != self.children[model]:
                 changed[model] = child
@@ -177,7 +180,8 @@ class FlowRuntime:
             outputs = [TensorInfo(t.name, data_type(t), tuple(t.dims)) for t in parse_config(Path(model_dir)).output]
         uses_regions = False
         if check:
-            probe = cls(name, flow, settings, options, children, lambda _: True, instances=1, device=device, outputs=outputs)
+            probe = cls(name, flow, settings, options, children, lambda _: True, instances=1, device=device,
+                        outputs=outputs)
             check_flow(probe)
             uses_regions = probe.uses_regions
         repo = Path(model_dir).parent
@@ -228,10 +232,12 @@ class FlowRuntime:
                 self._answer(run, requests, results, timings)
         finally:
             if not probe:
-                self.admission.close(sum(len(req.images) for req, res in zip(requests, results) if isinstance(res, Prediction)))
+                self.admission.close(sum(len(req.images) for req, res in zip(requests, results)
+                                         if isinstance(res, Prediction)))
         if not probe:  # answers whose client has gone meanwhile: wasted work, counted apart
             now = self.clock()
-            timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now) for r, res in enumerate(results))
+            timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now)
+                                        for r, res in enumerate(results))
         if self.shadow is not None:
             timings.trials = self.shadow.drain()
         return results, timings  # type: ignore[return-value]
@@ -272,7 +278,8 @@ class FlowRuntime:
             return self._fail_pending(requests, results, error, timings)
         except FlowError as exc:
             log.error("flow %s: %s", self.name, exc)
-            return self._fail_pending(requests, results, RequestError(f"flow {self.name}: {exc}", "flow", BROKEN), timings)
+            return self._fail_pending(requests, results, RequestError(f"flow {self.name}: {exc}", "flow", BROKEN),
+                                      timings)
         except Exception as exc:  # noqa: BLE001 - a bug in the flow fails these requests, not the model
             log.exception("flow %s raised %s", self.name, type(exc).__name__)
             # Its text may hold paths or data: the client reads the type, the log the rest.
@@ -296,7 +303,8 @@ class FlowRuntime:
         model, why = next(iter(failed.items()))
         if (model, why) != self._failure_logged:  # once per failure, not once per request
             self._failure_logged = (model, why)
-            log.error("flow %s: its candidate %s failed to load, so its requests fail as INTERNAL: %s", self.name, model, why)
+            log.error("flow %s: its candidate %s failed to load, so its requests fail as INTERNAL: %s", self.name,
+                      model, why)
         return RequestError(message, run.unready_role(), BROKEN)
 
     def _check_request(self, req: ImageRequest, timings: Timings) -> RequestError | None:
@@ -305,9 +313,11 @@ class FlowRuntime:
         if len(req.images) == 0:
             error = RequestError("IMAGE is empty: send at least one encoded image", "bad_request")
         elif total > self.options.max_request_bytes:
-            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the {self.options.max_request_bytes}-byte limit", "too_large")
+            error = RequestError(f"IMAGE: the request carries {total} bytes of images, over the "
+                                 f"{self.options.max_request_bytes}-byte limit", "too_large")
         elif isinstance(req.topk, tuple) and len(set(req.topk)) > 1:
-            error = RequestError(f"TOPK differs between the images of one request ({sorted(set(req.topk))}): send one value", "bad_request")
+            error = RequestError(f"TOPK differs between the images of one request ({sorted(set(req.topk))}): send one "
+                                 "value", "bad_request")
         elif req.k is not None and not 1 <= req.k <= self.max_topk:
             error = RequestError(f"TOPK={req.k} is out of range: use 1..{self.max_topk}", "bad_request")
         if error is not None:
@@ -323,7 +333,8 @@ class FlowRuntime:
 
 
 def renormalize_impossible(have: PreprocessSpec | None, want: PreprocessSpec) -> bool:
-    return have is not None and have != want and renormalize(np.zeros((0, *have.input_shape), have.numpy_dtype), have, want) is None
+    return (have is not None and have != want
+            and renormalize(np.zeros((0, *have.input_shape), have.numpy_dtype), have, want) is None)
 
 
 def _trial_children(options: RuntimeSettings, children: dict[str, ChildModel], model_dir: Path,
@@ -344,12 +355,14 @@ def _trial_children(options: RuntimeSettings, children: dict[str, ChildModel], m
             try:
                 candidate = load_child(model_dir.parent, trial.model, model_dir)
             except (ConfigError, FileNotFoundError, OSError) as exc:
-                raise ConfigError(f"model {name}: parameter {key}: candidate {trial.model!r} cannot be used: {exc}") from None
+                raise ConfigError(f"model {name}: parameter {key}: candidate {trial.model!r} cannot be used: "
+                                  f"{exc}") from None
             found[trial.model] = candidate
         if key == "shadow" and not stable.is_classifier:
-            raise ConfigError(f"model {name}: parameter shadow: {trial.stable} is not a classifier; the shadow compares "
-                              "classifiers' answers")
+            raise ConfigError(f"model {name}: parameter shadow: {trial.stable} is not a classifier; the shadow "
+                              "compares classifiers' answers")
         if stable.labels != candidate.labels:
             raise ConfigError(f"model {name}: parameter {key}: {trial.candidate} does not answer with "
-                              f"{trial.stable}'s labels ({len(candidate.labels or ())} against {len(stable.labels or ())})")
+                              f"{trial.stable}'s labels ({len(candidate.labels or ())} against "
+                              f"{len(stable.labels or ())})")
     return found

@@ -97,12 +97,14 @@ class LocalFlow:
         """Every request through the flow at once, as one execute() would."""
         return self.runtime.run(requests, self._send)
 
-    def classify(self, images: Sequence[bytes], topk: int | None = None, *, parameters: Mapping[str, object] | None = None,
+    def classify(self, images: Sequence[bytes], topk: int | None = None, *,
+                 parameters: Mapping[str, object] | None = None,
                  timeout_s: float | None = None, request_id: str = "") -> Prediction:
         """One request; its Prediction, or RequestFailed with what the client would read.
         parameters: the request's own (the flow's Parameters, as a client sends them);
         timeout_s: its deadline, seconds from now (Triton's `timeout` request parameter)."""
-        request = ImageRequest(list(images), topk, id=request_id, parameters=dict(parameters or {}), timeout_s=timeout_s)
+        request = ImageRequest(list(images), topk, id=request_id, parameters=dict(parameters or {}),
+                               timeout_s=timeout_s)
         (result,), _ = self.run([request])
         if isinstance(result, RequestError):
             raise RequestFailed(result) from result.cause

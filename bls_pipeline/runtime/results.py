@@ -17,7 +17,8 @@ __all__ = ["BAD_INPUT", "BROKEN", "CANCELLED", "ChildStats", "ImageRequest", "Pr
 # client reads it.
 BAD_INPUT = "INVALID_ARGUMENT"  # the request itself: an undecodable image, a bad TOPK, too many regions
 BROKEN = "INTERNAL"  # a part of the deployment: a child breaking its contract, a flow that raised
-UNAVAILABLE = "UNAVAILABLE"  # for now: no candidate READY, a child overloaded, a deadline too short, the server draining
+# for now: no candidate READY, a child overloaded, a deadline too short, the server draining
+UNAVAILABLE = "UNAVAILABLE"
 CANCELLED = "CANCELLED"  # the client went away
 CODES = (BAD_INPUT, BROKEN, UNAVAILABLE, CANCELLED)
 
@@ -62,7 +63,8 @@ class RequestError:
     # (the setting naming its candidates) or its name when a child call failed.
     reason: str
     code: str = BAD_INPUT  # one of CODES
-    cause: BaseException | None = field(default=None, compare=False, repr=False)  # the flow's own exception, if it raised
+    # the flow's own exception, if it raised
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.code not in CODES:
@@ -110,7 +112,8 @@ class Timings:
     answered_gone: int = 0  # requests answered after their client had gone (asked as the run ended)
     rejected_requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (reason, code) -> requests
     children: dict[str, ChildStats] = field(default_factory=dict)
-    trials: dict = field(default_factory=dict)  # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
+    # (stable, candidate) -> trials.PairStats: the shadow's, since the last run
+    trials: dict = field(default_factory=dict)
 
     def count(self, table: dict, key, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n

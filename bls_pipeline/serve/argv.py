@@ -65,7 +65,8 @@ def endpoints(argv: Sequence[str]) -> dict[str, int]:
     tritonserver; extra_args may turn one off)."""
     flags = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
     return {what: int(flags[f"{flag}-port"]) for what, flag in (("gRPC", "grpc"), ("metrics", "metrics"))
-            if flags.get(f"allow-{flag}", "true").lower() not in ("false", "0", "no", "off") and f"{flag}-port" in flags}
+            if flags.get(f"allow-{flag}", "true").lower() not in ("false", "0", "no", "off")
+            and f"{flag}-port" in flags}
 
 
 def trace_args(file: Path, rate: int = 1) -> tuple[str, ...]:

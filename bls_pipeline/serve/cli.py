@@ -42,18 +42,24 @@ class ExitCode(enum.IntEnum):
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bls-serve", description="Serve a model repository with a local tritonserver (no Docker needed).",
+    p = argparse.ArgumentParser(prog="bls-serve",
+                                description="Serve a model repository with a local tritonserver (no Docker needed).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model-repository", type=_repository_arg, default=default_models(),
                    help="a folder (./models, else the checkout's), or s3://bucket/path or s3://host:port/bucket/path "
                         "(credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address for HTTP, gRPC and metrics (loopback: this machine only)")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST (KServe v2) port")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port")
-    p.add_argument("--models", help="comma-separated models to load, with the models they call (default: all whose parts are present)")
-    p.add_argument("--admin-key", help="key for the model-repository/config/shared-memory APIs (default: random per run)")
-    p.add_argument("--with-baselines", action="store_true", help="also load the benchmark baselines (the static ensemble)")
+    p.add_argument("--models",
+                   help="comma-separated models to load, with the models they call (default: all whose parts are "
+                        "present)")
+    p.add_argument("--admin-key",
+                   help="key for the model-repository/config/shared-memory APIs (default: random per run)")
+    p.add_argument("--with-baselines", action="store_true",
+                   help="also load the benchmark baselines (the static ensemble)")
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose level")
     p.add_argument("--watchdog-interval", type=float, default=2.0,
                    help="seconds between real-inference probes that reload a model whose python stub died (0: off)")
@@ -71,9 +77,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "/metrics (restarts, load failures; latency histograms with --trace-rate), /requests "
                         "(bls-explain, with --trace-rate); 0: none")
     p.add_argument("--hang-timeout", type=float, default=8.0, metavar="SECONDS",
-                   help="a tritonserver that answers its liveness endpoint over neither HTTP nor gRPC (each asked every "
-                        "second, 2 s timeout) for this long is killed with its stubs and, with --restart, started "
-                        "again (0: not checked)")
+                   help="a tritonserver that answers its liveness endpoint over neither HTTP nor gRPC (each asked "
+                        "every second, 2 s timeout) for this long is killed with its stubs and, with --restart, "
+                        "started again (0: not checked)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="give up (exit 4) when tritonserver has to be restarted more than N times within 10 minutes "
                         "(0: never give up)")
@@ -142,7 +148,8 @@ class _Intensity:
         return True
 
 
-def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity: _Intensity | None = None) -> int | None:
+def _serve(server: TritonServer, stop: threading.Event, restart: bool,
+           intensity: _Intensity | None = None) -> int | None:
     """Serve until `stop` is set; start a tritonserver that dies on its own, or hangs (killed
     with its group), again (with _Backoff, and _Intensity's limit: then ExitCode.GAVE_UP), or
     return ExitCode.LOST (died) or HUNG (hung) when `restart` is off. None: stopped."""
@@ -195,8 +202,8 @@ def _serve(server: TritonServer, stop: threading.Event, restart: bool, intensity
                     return None
                 cause, what, uptime = "start_failed", f"could not be started again ({exc})", 0.0
         log.warning("tritonserver restarted (restart %d, %s=%d): serving %s again, %.1f s after it %s",
-                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded), time.monotonic() - died_at,
-                    "was killed" if cause == "hung" else "died")
+                    server.restarts, RESTARTS_ENV, server.restarts, ", ".join(server.loaded),
+                    time.monotonic() - died_at, "was killed" if cause == "hung" else "died")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(opts)
     try:
         server.start(cancel=stop)
-    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:  # one line, no traceback: what to fix (S3Error too)
+    # one line, no traceback: what to fix (S3Error too)
+    except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
         server.stop()  # start() stopped what it started; this only makes sure
         if stop.is_set():
             log.info("stopped while tritonserver was starting")
@@ -246,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     # reap at once: in a container bls-serve is PID 1 (the entrypoint execs it), and otherwise
     # init would reap them when it gets to it.
     if not become_subreaper():
-        log.warning("this kernel refused to make bls-serve a child subreaper: init reaps the stubs of a killed tritonserver")
+        log.warning("this kernel refused to make bls-serve a child subreaper: init reaps the stubs of a killed "
+                    "tritonserver")
     if opts.trace_rate:
         log.warning("request tracing is on (one request in %d): on Triton 2.51 a traced request can abort tritonserver "
                     "(docs/reliability.md, \"Triton 2.51 workarounds\")", opts.trace_rate)
@@ -261,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  HTTP    {server.http_url}\n  gRPC    {server.grpc_url}\n  metrics {server.metrics_url}")
         if server.status_url:
             also = "" if opts.ready_for else ", and every flow loaded later while it is"
-            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}{also}; /metrics; /requests)")
+            print(f"  status  {server.status_url} (/ready follows {', '.join(server.ready_for)}{also}; /metrics; "
+                  "/requests)")
         print(f"  admin APIs ({RESTRICTED_APIS}) need the key {opts.admin_key}: header {ADMIN_HEADER} over HTTP, "
               f"metadata {GRPC_ADMIN_HEADER} over gRPC")
         print("Ctrl-C to stop.", flush=True)

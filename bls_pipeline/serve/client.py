@@ -53,7 +53,8 @@ class ClassifyClient:
     def __init__(self, url: str, protocol: str = "http", concurrency: int = 1, model: str = BLS_MODEL):
         tc = tritonclient_module(protocol)
         # An HTTP client sends `concurrency` requests at once; a gRPC one has no such limit.
-        self._client = tc.InferenceServerClient(url, concurrency=concurrency) if protocol == "http" else tc.InferenceServerClient(url)
+        self._client = (tc.InferenceServerClient(url, concurrency=concurrency) if protocol == "http"
+                        else tc.InferenceServerClient(url))
         self._tc = tc
         self.model = model
         self._outputs: dict[str, tuple[int, ...]] | None = None
@@ -62,8 +63,10 @@ class ClassifyClient:
         """Every output the model declares (the four of every flow, REGION_*, JSON, its own),
         with its dims without the batch."""
         if self._outputs is None:
-            meta = self._client.get_model_metadata(self.model, **({} if self._tc.__name__.endswith("http") else {"as_json": True}))
-            self._outputs = ({o["name"]: tuple(int(d) for d in o.get("shape", [-1, -1])[1:]) for o in meta.get("outputs", [])}
+            meta = self._client.get_model_metadata(self.model,
+                                                   **({} if self._tc.__name__.endswith("http") else {"as_json": True}))
+            self._outputs = ({o["name"]: tuple(int(d) for d in o.get("shape", [-1, -1])[1:])
+                              for o in meta.get("outputs", [])}
                              or {LABELS.name: (-1,), SCORES.name: (-1,), CLASS_IDS.name: (-1,), ROUTE.name: (1,)})
         return self._outputs
 
@@ -89,7 +92,8 @@ class ClassifyClient:
             inputs.append(t)
         names = outputs or self.output_names()
         deadline = {} if timeout_s is None else {"timeout": max(1, int(timeout_s * 1e6))}
-        result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names], **deadline)
+        result = self._client.infer(self.model, inputs, outputs=[tc.InferRequestedOutput(name) for name in names],
+                                    **deadline)
         return {name: result.as_numpy(name) for name in names}
 
     def answers(self, images: list[bytes], topk: int | None = None, timeout_s: float | None = None) -> list[dict]:
@@ -144,11 +148,13 @@ def check_server(url: str, protocol: str, model: str) -> str | None:
             if not client.is_server_live():
                 return f"the server at {url} ({protocol}) is not live"
             if not client.is_model_ready(model):
-                return f"model {model} is not ready on the server at {url} ({protocol}): is it in that model repository, and loaded?"
+                return (f"model {model} is not ready on the server at {url} ({protocol}): is it in that model "
+                        "repository, and loaded?")
         finally:
             client.close()
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, a gRPC port spoken to over HTTP...
-        return f"cannot reach a Triton server at {url} ({protocol}): {_message(exc).splitlines()[0]}; is bls-serve running there?"
+        return (f"cannot reach a Triton server at {url} ({protocol}): {_message(exc).splitlines()[0]}; is bls-serve "
+                "running there?")
     return None
 
 
@@ -169,7 +175,8 @@ def classify_files(url: str, protocol: str, files: list[Path], topk: int | None,
     try:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             jobs = pool.map(classify, files)
-            return list(tqdm(jobs, total=len(files), desc="classify", unit="img", disable=len(files) < 8, file=sys.stderr))
+            return list(tqdm(jobs, total=len(files), desc="classify", unit="img", disable=len(files) < 8,
+                             file=sys.stderr))
     finally:
         for client in clients:
             client.close()
@@ -228,17 +235,19 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bls-classify", description="Classify image files with a flow model on a Triton server.",
+    p = argparse.ArgumentParser(prog="bls-classify",
+                                description="Classify image files with a flow model on a Triton server.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="FILE_OR_DIR")
     p.add_argument("--model", default=BLS_MODEL, help="any flow model (IMAGE in, LABELS and ROUTE out)")
-    p.add_argument("--url", default=None, help="server address (default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
+    p.add_argument("--url", default=None,
+                   help="server address (default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http")
     p.add_argument("--topk", type=_positive, default=None, help="labels per image (default: the model's default_topk)")
     p.add_argument("--concurrency", type=_positive, default=8, help="requests in flight")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="each request's deadline, sent as Triton's timeout parameter: the flow aims at it (its optional "
-                        "stages skipped past it, answered degraded) instead of its latency_target_ms")
+                   help="each request's deadline, sent as Triton's timeout parameter: the flow aims at it (its "
+                        "optional stages skipped past it, answered degraded) instead of its latency_target_ms")
     p.add_argument("--json", action="store_true",
                    help="print each image's answer as one JSON object per line (its file, then the JSON output's "
                         "document: route, labels, scores, class_ids, outputs, regions) instead of a table")
@@ -264,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"bls-classify: error: {problem}", file=sys.stderr)
         return 2
-    results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model, timeout_s=args.timeout)
+    results = classify_files(url, args.protocol, files, args.topk, args.concurrency, model=args.model,
+                             timeout_s=args.timeout)
     print("\n".join(r.json_line() for r in results) if args.json else format_table(results))
     if args.draw is not None:
         drawn = draw_results(results, args.draw)

@@ -29,7 +29,8 @@ from typing import Callable
 
 from ..base.statistics import summed
 
-__all__ = ["PENDING_GAUGE", "QUIET_S", "HeldStubs", "QuietWatch", "Snapshot", "answered_counts", "pending_count", "quiet", "read_snapshot", "stub_cpu_ticks"]
+__all__ = ["PENDING_GAUGE", "QUIET_S", "HeldStubs", "QuietWatch", "Snapshot", "answered_counts", "pending_count",
+           "quiet", "read_snapshot", "stub_cpu_ticks"]
 
 PENDING_GAUGE = "nv_inference_pending_request_count"
 # CPU a stub may use in an interval and still count as idle (its threads wake now and then:
@@ -94,7 +95,8 @@ def quiet(first: Snapshot, last: Snapshot) -> bool:
         return False
     if any(last.answered.get(model, count) != count for model, count in first.answered.items()):
         return False
-    return all(last.cpu_ticks[pid] - ticks <= IDLE_TICKS for pid, ticks in first.cpu_ticks.items() if pid in last.cpu_ticks)
+    return all(last.cpu_ticks[pid] - ticks <= IDLE_TICKS for pid, ticks in first.cpu_ticks.items()
+               if pid in last.cpu_ticks)
 
 
 

@@ -122,4 +122,5 @@ class Liveness(threading.Thread):
             return None if self._grpc.is_server_live(client_timeout=self._timeout) else "not live"
         except Exception as exc:  # noqa: BLE001 - tritonclient raises its own for a deadline or a refusal
             text = str(exc)
-            return "timed out" if "Deadline" in text or "DEADLINE" in text else (text.splitlines()[0] if text else type(exc).__name__)
+            return ("timed out" if "Deadline" in text or "DEADLINE" in text
+                    else (text.splitlines()[0] if text else type(exc).__name__))

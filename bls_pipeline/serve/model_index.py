@@ -105,7 +105,8 @@ class ModelStates:
                 try:
                     config = self._configs[model] = _config(self._admin.config(model))
                 except (AdminError, json_format.ParseError, ValueError) as exc:
-                    log.warning("could not read the config of %s as served (%s): not watched until it is read", model, exc)
+                    log.warning("could not read the config of %s as served (%s): not watched until it is read", model,
+                                exc)
                     continue
             if config.backend == "python":
                 found[model] = config

@@ -77,7 +77,8 @@ def check_ports_free(opts: ServerOptions, status: bool = True) -> None:
     ports = [("HTTP", opts.http_port), ("gRPC", opts.grpc_port), ("metrics", opts.metrics_port)]
     for what, port in ports + ([("status", opts.status_port)] if opts.status_port and status else []):
         with socket.socket(socket.AF_INET6 if ":" in opts.host else socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds: a listener is a clash, TIME_WAIT is not
+            # as tritonserver binds: a listener is a clash, TIME_WAIT is not
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((opts.host, port))
             except OSError as exc:

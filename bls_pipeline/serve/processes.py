@@ -212,7 +212,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return Path(f"/proc/{pid}/stat").is_file() and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")
+    return (Path(f"/proc/{pid}/stat").is_file()
+            and (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"))
 
 
 _LIBC_PRCTL = None

@@ -4,9 +4,9 @@ Triton's statistics extension counts, per model, how many requests left its queu
 long they waited there in all (`inference_stats.queue`: each request's wait, from its arrival
 to the start of its execute(), reported once it is answered). The difference between two
 readings is what the requests of that window waited on average: a measured wait, not a
-bound. QueueWindows turns the readings into admission.QueueReading; QueueMonitor polls tritonserver and writes them where the flows read them
-(adapter/queue_waits.py). One GET of every model's statistics per poll, on a kept-alive
-connection."""
+bound. QueueWindows turns the readings into admission.QueueReading; QueueMonitor polls
+tritonserver and writes them where the flows read them (adapter/queue_waits.py). One GET of
+every model's statistics per poll, on a kept-alive connection."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from ..runtime.load.loader import declared_calls, declared_models, is_flow_model
 from ..base.modelconfig import ConfigFileError, ModelConfig, parse_config, string_parameters
 
-__all__ = ["LoadPlan", "Repository", "artifact_problem", "config_problems", "drain_stages", "export_hint", "plan_loading",
-           "standby_models"]
+__all__ = ["LoadPlan", "Repository", "artifact_problem", "config_problems", "drain_stages", "export_hint",
+           "plan_loading", "standby_models"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class Repository:
         """The models marked as benchmark baselines (bench_baseline "1") that `asked` (model
         names, and what they call) does not need: bls-serve leaves them out, with the reason."""
         needed = set(self.closure(asked)) if asked else set()
-        return {n: "a baseline for bls-bench: --with-baselines (or --models) loads it" for n, cfg in self.configs.items()
+        return {n: "a baseline for bls-bench: --with-baselines (or --models) loads it"
+                for n, cfg in self.configs.items()
                 if string_parameters(cfg).get(BASELINE_PARAMETER) == "1" and n not in needed}
 
     @property
@@ -98,7 +99,8 @@ def _callees(model_dir: Path, config: ModelConfig) -> tuple[str, ...]:
         try:
             return declared_models(model_dir)
         except Exception as exc:  # noqa: BLE001 - tritonserver will report it at load, with the same cause
-            log.warning("cannot read the models %s's flow declares (%s: %s): loading it alone", model_dir.name, type(exc).__name__, exc)
+            log.warning("cannot read the models %s's flow declares (%s: %s): loading it alone", model_dir.name,
+                        type(exc).__name__, exc)
     return ()
 
 
@@ -172,7 +174,8 @@ def _missing_part(model_dir: Path, config: ModelConfig, backends: set[str]) -> s
     if artifact and model_dir.name.endswith(tuple(CPU_ENGINES)):  # an engine built here, checked before Triton loads it
         problem = artifact_problem(version / artifact)
         if problem:
-            return f"{model_dir.name}/1/{artifact} is unusable ({problem}): rebuild it with {export_hint(model_dir.name)}"
+            return (f"{model_dir.name}/1/{artifact} is unusable ({problem}): rebuild it with "
+                    f"{export_hint(model_dir.name)}")
     return None
 
 
@@ -246,7 +249,8 @@ def _ir_problem(path: Path) -> str | None:
     weights = path.with_suffix(".bin")
     if not weights.exists():
         return f"{weights.name} (its weights) is missing"
-    end = max((int(d.get("offset", 0)) + int(d.get("size", 0)) for d in root.iter("data") if d.get("offset") is not None),
+    end = max((int(d.get("offset", 0)) + int(d.get("size", 0)) for d in root.iter("data")
+               if d.get("offset") is not None),
               default=0)
     if end > weights.stat().st_size:
         return f"{weights.name} is shorter ({weights.stat().st_size} bytes) than the IR needs ({end})"
@@ -270,7 +274,8 @@ def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, .
     if only is not None:
         unknown = sorted(set(only) - set(repo.names))
         if unknown:
-            raise ValueError(f"no such model in {repo.root}: {', '.join(unknown)} (models there: {', '.join(repo.names)})")
+            raise ValueError(f"no such model in {repo.root}: {', '.join(unknown)} (models there: "
+                             f"{', '.join(repo.names)})")
     asked = repo.names if only is None else only
     closure = repo.closure(asked)
     skipped = dict(exclude or {})
@@ -291,8 +296,10 @@ def plan_loading(repo: Path | Repository, backends: set[str], only: tuple[str, .
     for name in wanted:
         callers = [c for c in wanted if name in repo.callees[c]]
         helper_only = callers and all(repo.configs[c].platform == "ensemble" for c in callers)
-        if helper_only and name not in skipped and (only is None or name not in only) and all(c in skipped for c in callers):
-            skipped[name] = f"only {', '.join(callers)} use{'s' if len(callers) == 1 else ''} it, and {'it' if len(callers) == 1 else 'they'} cannot load"
+        if (helper_only and name not in skipped and (only is None or name not in only)
+                and all(c in skipped for c in callers)):
+            skipped[name] = (f"only {', '.join(callers)} use{'s' if len(callers) == 1 else ''} it, and "
+                             f"{'it' if len(callers) == 1 else 'they'} cannot load")
     load = tuple(n for n in wanted if n not in skipped)
     return LoadPlan(load=load, skipped={n: skipped[n] for n in closure if n in skipped},
                     standby=standby_models(repo, load), broken=broken)

@@ -24,9 +24,10 @@ _SLACK_NS = 500_000  # a record's bounds may sit this far outside the trace's (c
 # A request the model never saw, by how it left Triton's queue (RequestTrace.unserved).
 _UNSERVED = {
     QUEUE_FULL: "refused by Triton's queue, full (Exceeds maximum queue size): the model never saw it",
-    QUEUE_TIMEOUT: "refused by Triton's queue once it waited out its timeout (Request timeout expired): the model never saw it",
-    CANCELLED: "its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's queue: dropped "
-               "there, not refused; the model never saw it",
+    QUEUE_TIMEOUT: "refused by Triton's queue once it waited out its timeout (Request timeout expired): the model "
+                   "never saw it",
+    CANCELLED: "its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's queue: "
+               "dropped there, not refused; the model never saw it",
 }
 
 
@@ -35,7 +36,8 @@ def slowest(traces: Iterable[RequestTrace], n: int, exclude_ids: Sequence[str] =
     """The n traces with the longest REQUEST_START..REQUEST_END, slowest first: of `model`
     only if given, and of the requests that arrived at or after `since_ns` (CLOCK_MONOTONIC,
     the traces' clock) if given."""
-    timed = [t for t in traces if t.span_ms("REQUEST_START", "REQUEST_END") is not None and t.request_id not in exclude_ids
+    timed = [t for t in traces if t.span_ms("REQUEST_START", "REQUEST_END") is not None
+             and t.request_id not in exclude_ids
              and (model is None or t.model == model) and (since_ns is None or t.ns["REQUEST_START"] >= since_ns)]
     return sorted(timed, key=lambda t: t.span_ms("REQUEST_START", "REQUEST_END"), reverse=True)[:n]
 
@@ -61,7 +63,8 @@ def _calls_of(trace: RequestTrace, traces: Iterable[RequestTrace]) -> list[Reque
                  and (other.ns.get("COMPUTE_START"), other.ns.get("COMPUTE_END")) == window), [])
 
 
-def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: Iterable[RequestTrace] = ()) -> dict[str, Any]:
+def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]],
+            traces: Iterable[RequestTrace] = ()) -> dict[str, Any]:
     """One request's time, part by part (JSON-able): `records` are the flows' execute()
     records, `traces` the other requests' traces (the first request of the execute() holds
     the child calls)."""
@@ -70,7 +73,8 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
     if trace.unserved is not None:
         out["unserved"] = trace.unserved
         out["refused"] = trace.refused
-        out["parts"] = [{"part": "queue", "ms": trace.span_ms("QUEUE_START", "REQUEST_END"), "note": _UNSERVED[trace.unserved]}]
+        out["parts"] = [{"part": "queue", "ms": trace.span_ms("QUEUE_START", "REQUEST_END"),
+                         "note": _UNSERVED[trace.unserved]}]
         return out
     compute = trace.span_ms("COMPUTE_START", "COMPUTE_END")
     out.update(queue_ms=trace.span_ms("REQUEST_START", "COMPUTE_START"), compute_ms=compute,
@@ -79,11 +83,13 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
     calls = _calls_of(trace, traces)
     parts: list[dict[str, Any]] = []
     if record is None:
-        out["parts"] = [{"part": "compute", "ms": compute, "note": "no record of its execute(): the flow did not send one"}]
+        out["parts"] = [{"part": "compute", "ms": compute,
+                         "note": "no record of its execute(): the flow did not send one"}]
         out["covered"] = None
         return out
     ms = record["ms"]
-    out["execute"] = {"instance": record["instance"], "pid": record.get("pid"), "requests": record["requests"], "probes": record["probes"],
+    out["execute"] = {"instance": record["instance"], "pid": record.get("pid"), "requests": record["requests"],
+                      "probes": record["probes"],
                       "images": record["images"], "child_calls_traced_with": record["child_calls_traced_with"]}
     # Top-level parts (level 0) follow each other and sum to the compute; the flow's details
     # (level 1: its child calls, which may overlap, and its own code) lie within the flow.
@@ -110,14 +116,17 @@ def explain(trace: RequestTrace, records: Iterable[Mapping[str, Any]], traces: I
     parts.append(_part("answers", ms.get("answers", 0.0), "request checks, top-k, the answers"))
     if "probes" in ms:  # run beside the users' requests (none of theirs answered)
         parts.append(_part("probes", ms["probes"],
-                           f"{record['probes']} watchdog probe(s) run in the same execute(): the responses waited for them"))
+                           f"{record['probes']} watchdog probe(s) run in the same execute(): the responses waited for "
+                           "them"))
     parts.append(_part("metrics", ms.get("metrics", 0.0), "counts handed to the metrics' flusher"))
     parts.append(_part("responses", ms.get("responses", 0.0), "pb_utils responses built"))
     in_execute = sum(p["ms"] for p in parts[1:] if p["level"] == 0)
     execute_ms = (record["t1_ns"] - record["t0_ns"]) / 1e6
-    back = _part("back to Triton", (trace.ns["COMPUTE_END"] - record["t1_ns"]) / 1e6, "the responses handed back from the stub")
+    back = _part("back to Triton", (trace.ns["COMPUTE_END"] - record["t1_ns"]) / 1e6,
+                 "the responses handed back from the stub")
     measured = parts[0]["ms"] + in_execute + back["ms"]
-    parts.append(_part("unmeasured in execute()", max(0.0, execute_ms - in_execute), "the execute()'s time no part above took"))
+    parts.append(_part("unmeasured in execute()", max(0.0, execute_ms - in_execute),
+                       "the execute()'s time no part above took"))
     parts.append(back)
     out["parts"] = parts
     out["covered"] = measured / compute if compute else None  # the measured parts' share of the compute

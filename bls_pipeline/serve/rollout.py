@@ -78,14 +78,16 @@ def roll(url: str, admin_key: str, model: str, version: int, *, keep_old: bool =
 def _roll(admin: RepositoryAdmin, model: str, version: int, keep_old: bool, say) -> list[RolloutStep]:
     serving = admin.ready_versions(model)
     if not serving:
-        raise RolloutError(f"model {model} has no READY version on {admin.base}: load it first (a rollout moves a serving model)")
+        raise RolloutError(f"model {model} has no READY version on {admin.base}: load it first (a rollout moves a "
+                           "serving model)")
     config = admin.config(model)
     steps = []
     plan = [tuple(sorted(set(serving) | {version}))] + ([] if keep_old else [(version,)])
     for versions in plan:
         if versions == (steps[-1].versions if steps else serving):
             continue  # already so
-        say(f"{model}: serving versions {', '.join(map(str, versions))} (was {', '.join(map(str, admin.ready_versions(model)))})")
+        say(f"{model}: serving versions {', '.join(map(str, versions))} (was "
+            f"{', '.join(map(str, admin.ready_versions(model)))})")
         started = time.monotonic()
         admin.load(model, {**config, "version_policy": {"specific": {"versions": list(versions)}}})
         ready = admin.ready_versions(model)
@@ -119,7 +121,8 @@ def set_trials(admin: RepositoryAdmin, flow: str, trials: dict[str, str], say=la
         raise RolloutError(f"{flow} is not READY after its load with {trials}; see the server log")
 
 
-def trial(url: str, admin_key: str, model: str, version: int, *, flow: str = "classify_bls", shadow: float | None = None,
+def trial(url: str, admin_key: str, model: str, version: int, *, flow: str = "classify_bls",
+          shadow: float | None = None,
           canary: float | None = None, rollback: bool = False, timeout_s: float = 600.0, say=lambda line: None) -> None:
     """One trial step for `model` version `version` in `flow`: start or change its shadow,
     its canary share, or roll back (the version unloaded, the trials off)."""
@@ -128,7 +131,8 @@ def trial(url: str, admin_key: str, model: str, version: int, *, flow: str = "cl
     try:
         serving = admin.ready_versions(model)
         if not admin.ready_versions(flow):
-            raise RolloutError(f"flow model {flow} is not READY on {admin.base}: name the flow that calls {model} (--flow)")
+            raise RolloutError(f"flow model {flow} is not READY on {admin.base}: name the flow that calls {model} "
+                               "(--flow)")
         current = _trials_of(admin.config(flow))
         if rollback:
             if version in serving:
@@ -190,8 +194,8 @@ def report(metrics_url: str, flow: str = "classify_bls") -> str:
     for (stable, candidate), m in sorted(pairs.items()):
         rows, compared = m["bls_shadow_rows_total"], m["bls_shadow_calls_total:compared"]
         lines.append(f"{flow}: {candidate} shadowing {stable}: {compared:.0f} calls compared, "
-                     f"{m['bls_shadow_calls_total:failed']:.0f} failed, {m['bls_shadow_calls_total:skipped']:.0f} skipped, "
-                     f"{m['bls_shadow_calls_total:unready']:.0f} before it was READY; "
+                     f"{m['bls_shadow_calls_total:failed']:.0f} failed, {m['bls_shadow_calls_total:skipped']:.0f} "
+                     f"skipped, {m['bls_shadow_calls_total:unready']:.0f} before it was READY; "
                      f"{rows:.0f} rows")
         if rows:
             lines.append(f"  top-1 agreement {m['bls_shadow_top1_agree_total'] / rows:.2%}, "
@@ -209,11 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("version", type=int, help="the version to serve (its folder must be in the repository)")
     p.add_argument("--url", default="127.0.0.1:8000", help="the server's HTTP endpoint")
     p.add_argument("--admin-key", required=True, help="the admin key (bls-serve prints it; --admin-key there sets it)")
-    p.add_argument("--keep-old", action="store_true", help="serve the new version next to the old ones; do not retire them")
+    p.add_argument("--keep-old", action="store_true",
+                   help="serve the new version next to the old ones; do not retire them")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a load")
     step = p.add_mutually_exclusive_group()
-    step.add_argument("--shadow", type=_share, metavar="SHARE", help="mirror this share of the flow's calls to the version")
-    step.add_argument("--canary", type=_share, metavar="SHARE", help="answer this share of the flow's calls with the version")
+    step.add_argument("--shadow", type=_share, metavar="SHARE",
+                      help="mirror this share of the flow's calls to the version")
+    step.add_argument("--canary", type=_share, metavar="SHARE",
+                      help="answer this share of the flow's calls with the version")
     step.add_argument("--report", action="store_true", help="print the shadow's agreement and latency")
     step.add_argument("--rollback", action="store_true", help="unload the version and turn the flow's trials off")
     p.add_argument("--flow", default="classify_bls", help="the flow model whose calls are tried")

@@ -115,7 +115,8 @@ def _explain(exc: Exception, location: S3Location) -> S3Error:
             return S3Error(f"S3 denied access to {where} (AccessDenied): the credentials' policy must allow "
                            "s3:ListBucket and s3:GetObject there (s3:PutObject to publish)")
         if code in ("NoSuchBucket", "404"):
-            return S3Error(f"no bucket {location.bucket!r} at {location.endpoint or 'AWS'}: create it, or fix the address")
+            return S3Error(f"no bucket {location.bucket!r} at {location.endpoint or 'AWS'}: create it, or fix the "
+                           "address")
         return S3Error(f"S3 error on {where}: {code}: {exc}")
     return S3Error(f"S3 error on {where}: {type(exc).__name__}: {exc}")
 
@@ -237,8 +238,10 @@ def publish(repo: Path, url: str, *, models: tuple[str, ...] | None = None, plac
     total = sum(p.stat().st_size for p in files) + sum(p.stat().st_size for p in copies.values())
     uploaded, written = [], []
     try:
-        client.list_objects_v2(Bucket=location.bucket, Prefix=location.prefix, MaxKeys=1)  # wrong keys or bucket: say so before uploading
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"publishing to {location.url()}", disable=not progress) as bar:
+        # wrong keys or bucket: say so before uploading
+        client.list_objects_v2(Bucket=location.bucket, Prefix=location.prefix, MaxKeys=1)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"publishing to {location.url()}",
+                  disable=not progress) as bar:
             for path in files:
                 key = path.relative_to(repo).as_posix()
                 client.upload_file(str(path), location.bucket, location.prefix + key, Callback=bar.update)
@@ -259,7 +262,8 @@ def publish(repo: Path, url: str, *, models: tuple[str, ...] | None = None, plac
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bls-publish", description="Upload a model repository to S3 (empty folders kept with a placeholder).")
+    p = argparse.ArgumentParser(prog="bls-publish",
+                                description="Upload a model repository to S3 (empty folders kept with a placeholder).")
     p.add_argument("repository", type=Path, help="the local model repository (e.g. models)")
     p.add_argument("url", help="s3://bucket/path, or s3://host:port/bucket/path for an S3-compatible server")
     p.add_argument("--models", help="comma-separated models to upload (default: all): e.g. a new version of one")

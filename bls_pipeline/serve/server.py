@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ..adapter.queue_waits import WAIT_PREFIX
 from ..base.messages import first_line
-from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV  # passed to every tritonserver started
+# passed to every tritonserver started
+from ..contract import EXECUTIONS_ENV, MODEL_STATES_ENV, RESTARTS_ENV, STANDBY_ENV
 from ..runtime.load.loader import is_flow_model
 from ..base.modelconfig import RELOAD_KEY
 from . import repository, s3
@@ -174,7 +175,8 @@ class TritonServer:
         else:
             repo = Path(self.options.model_repository).resolve()
         if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
-            raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model folders)")
+            raise FileNotFoundError(f"no model repository at {repo}: pass --model-repository DIR (a folder of model "
+                                    "folders)")
         self._binary = find_binary(self._workdir, self.options.python)
         self.repository = repository.Repository.read(repo)
         exclude = dict(self.options.exclude)
@@ -265,11 +267,13 @@ class TritonServer:
         self._check_it_is_ours()
         self.loaded = tuple(m for m in plan.load if m not in self.failed)
         if not self.loaded:
-            raise RuntimeError(f"no model could be loaded: {', '.join(f'{m} ({first_line(w)})' for m, w in self.failed.items())}"
+            raise RuntimeError("no model could be loaded: "
+                               f"{', '.join(f'{m} ({first_line(w)})' for m, w in self.failed.items())}"
                                f"{self._log_hint()}")
         for name, why in self.failed.items():
             log.error("%s FAILED to load, serving the others without it: %s", name, why)
-        if not (opts.ready_for or opts.models):  # every model was wanted, none named: a flow that failed is not followed
+        # every model was wanted, none named: a flow that failed is not followed
+        if not (opts.ready_for or opts.models):
             self.ready_for = tuple(m for m in self.ready_for if m not in self.failed)
             if self.status is not None:
                 self.status.ready_for = self.ready_for
@@ -402,7 +406,8 @@ class TritonServer:
             while not listening(self.options.host, port):
                 self._fail_if_exited(f"its {what} endpoint listened")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the {what} endpoint is not listening on port {port} after {timeout_s:.0f}s{self._log_hint()}")
+                    raise TimeoutError(f"the {what} endpoint is not listening on port {port} after "
+                                       f"{timeout_s:.0f}s{self._log_hint()}")
                 time.sleep(0.05)
 
     def restart(self, cancel: threading.Event | None = None) -> None:
@@ -539,7 +544,8 @@ class TritonServer:
             monitor.stop(timeout_s=0.5 if result.unanswered else 2.0)
         self._proc = None
         if proc is not None:
-            leaked = tuple(sorted(m for m, n in self.log_watch.failures.items() if n > self._failures_at_start.get(m, 0)))
+            leaked = tuple(sorted(m for m, n in self.log_watch.failures.items()
+                                  if n > self._failures_at_start.get(m, 0)))
             self.last_stop = stopping.end_process(proc, result, began, deadline, limit_s=limit, leaked=leaked,
                                                   instance_of=(watchdog and watchdog.instance_of) or (lambda _: None),
                                                   log_file=self.options.log_file)

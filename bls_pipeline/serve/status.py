@@ -92,7 +92,8 @@ class ServerState:
     load_failures: Mapping[str, int] = field(default_factory=dict)  # model -> failed loads so far
     known: Sequence[str] = ()  # the models planned to load: every per-model counter has them
     reloads: Mapping[str, int] = field(default_factory=dict)  # model -> the watchdog's reloads so far
-    queue_capacity: Mapping[str, int] = field(default_factory=dict)  # model -> its config's max_queue_size (bounded only)
+    # model -> its config's max_queue_size (bounded only)
+    queue_capacity: Mapping[str, int] = field(default_factory=dict)
 
 log = logging.getLogger(__name__)
 
@@ -136,18 +137,21 @@ _HELP = {
     "bls_queue_duration_seconds": ("histogram", "Seconds a user's request waited in Triton's queue for an instance "
                                    "(QUEUE_START to COMPUTE_START)"),
     "bls_refused_requests_total": ("counter", "Users' requests Triton's queue refused (503) before the model saw them, "
-                                   "by reason: queue_full (Exceeds maximum queue size) or queue_timeout (Request timeout "
-                                   "expired); not those whose client had gone"),
-    "bls_queue_cancelled_requests_total": ("counter", "Users' requests whose client had gone (it cancelled, or its gRPC "
-                                           "deadline passed) while they waited in Triton's queue, dropped there before "
-                                           "the model saw them; not a refusal"),
+                                   "by reason: queue_full (Exceeds maximum queue size) or queue_timeout (Request "
+                                   "timeout expired); not those whose client had gone"),
+    "bls_queue_cancelled_requests_total": ("counter", "Users' requests whose client had gone (it cancelled, or its "
+                                                      "gRPC deadline passed) while they waited in Triton's queue, "
+                                                      "dropped there before the model saw them; not a refusal"),
     "bls_model_ready": ("gauge", "1 while the model is READY in Triton's repository index, else 0"),
-    "bls_model_load_failed": ("gauge", "1 while the model's last load failed (Triton's index: UNAVAILABLE with a reason)"),
-    "bls_watchdog_reloads_total": ("counter", "Reloads of the model by bls-serve's watchdog after its python stub died"),
+    "bls_model_load_failed": ("gauge",
+                              "1 while the model's last load failed (Triton's index: UNAVAILABLE with a reason)"),
+    "bls_watchdog_reloads_total": ("counter",
+                                   "Reloads of the model by bls-serve's watchdog after its python stub died"),
     "bls_tritonserver_restarts_total": ("counter", "Starts of tritonserver by bls-serve after the one before ended, by "
                                         "how it ended: crashed (a signal), exited (an exit code), hung (it stopped "
                                         "answering and was killed), start_failed (the restart before did not start)"),
-    "bls_queue_capacity": ("gauge", "The most requests the model's queue holds (its config's max_queue_size): one more is "
+    "bls_queue_capacity": ("gauge",
+                           "The most requests the model's queue holds (its config's max_queue_size): one more is "
                            "refused on arrival; beside Triton's nv_inference_pending_request_count, how full it is"),
     "bls_model_load_failures_total": ("counter", "Loads of the model that failed, as Triton's log says, a reload that "
                                       "failed while the old copy serves included"),
@@ -161,7 +165,8 @@ class StatusServer:
     None). `ready_for`: the models /ready follows; `also_ready`: the models it follows as well,
     asked at each look (bls-serve's: the flows READY now, where --ready-for is not given)."""
 
-    def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path | None, own_traces: bool,
+    def __init__(self, host: str, port: int, states: ModelStates, http_url: str, trace_prefix: Path | None,
+                 own_traces: bool,
                  records_path: Path, ready_for: Sequence[str], watchdog: Callable[[], object | None] = lambda: None,
                  interval_s: float = 0.2, states_every_s: float = 1.0, also_ready: Callable[[], Sequence[str]] = tuple,
                  server: Callable[[], ServerState] = ServerState):
@@ -337,24 +342,30 @@ class StatusServer:
                         self._refused.setdefault((model, reason), 0)
                     self._cancelled.setdefault(model, 0)
                 family("bls_request_duration_seconds",
-                       [ln for m, h in sorted(self._requests.items()) for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
+                       [ln for m, h in sorted(self._requests.items())
+                        for ln in h.lines("bls_request_duration_seconds", f'model="{m}"')])
                 family("bls_queue_duration_seconds",
-                       [ln for m, h in sorted(self._queues.items()) for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
+                       [ln for m, h in sorted(self._queues.items())
+                        for ln in h.lines("bls_queue_duration_seconds", f'model="{m}"')])
                 family("bls_refused_requests_total", [f'bls_refused_requests_total{{model="{m}",reason="{r}"}} {n}'
                                                       for (m, r), n in sorted(self._refused.items())])
                 family("bls_queue_cancelled_requests_total", [f'bls_queue_cancelled_requests_total{{model="{m}"}} {n}'
                                                               for m, n in sorted(self._cancelled.items())])
-        family("bls_tritonserver_restarts_total", [f'bls_tritonserver_restarts_total{{cause="{c}"}} {server.restarts.get(c, 0)}'
+        family("bls_tritonserver_restarts_total", [f'bls_tritonserver_restarts_total{{cause="{c}"}} '
+                                                   f'{server.restarts.get(c, 0)}'
                                                    for c in RESTART_CAUSES])
         family("bls_model_ready", [f'bls_model_ready{{model="{m}"}} {int(states.get(m, {}).get("state") == "READY")}'
                                    for m in models])
-        family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} {int(m in failed or m in server.load_failing)}'
+        family("bls_model_load_failed", [f'bls_model_load_failed{{model="{m}"}} '
+                                         f'{int(m in failed or m in server.load_failing)}'
                                          for m in models])
-        family("bls_model_load_failures_total", [f'bls_model_load_failures_total{{model="{m}"}} {server.load_failures.get(m, 0)}'
+        family("bls_model_load_failures_total", [f'bls_model_load_failures_total{{model="{m}"}} '
+                                                 f'{server.load_failures.get(m, 0)}'
                                                  for m in models])
         family("bls_watchdog_reloads_total", [f'bls_watchdog_reloads_total{{model="{m}"}} {server.reloads.get(m, 0)}'
                                               for m in models])
-        family("bls_queue_capacity", [f'bls_queue_capacity{{model="{m}"}} {n}' for m, n in sorted(server.queue_capacity.items())])
+        family("bls_queue_capacity",
+               [f'bls_queue_capacity{{model="{m}"}} {n}' for m, n in sorted(server.queue_capacity.items())])
         return "\n".join(lines) + "\n"
 
     def requests(self, slowest_n: int | None = None, request_id: str | None = None, since_s: float | None = None,
@@ -388,7 +399,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, self.status.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             elif url.path == "/requests" and not self.status.tracing:
                 self._send(409, "request tracing is off (on Triton 2.51 a traced request can abort tritonserver): "
-                                "start bls-serve with --trace-rate N to trace one request in N\n", "text/plain; charset=utf-8")
+                                "start bls-serve with --trace-rate N to trace one request in N\n",
+                           "text/plain; charset=utf-8")
             elif url.path == "/requests":
                 n = int(query.get("slowest", ["1"])[0])
                 since = query.get("since", [None])[0]

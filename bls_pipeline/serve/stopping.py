@@ -113,7 +113,8 @@ class _Asker:
 
     def __init__(self, triton: Triton, clock: Callable[[], float], sleep: Callable[[float], None], unanswered_s: float,
                  deadline: float):
-        self.triton, self.clock, self.sleep, self.unanswered_s, self.deadline = triton, clock, sleep, unanswered_s, deadline
+        self.triton, self.clock, self.sleep = triton, clock, sleep
+        self.unanswered_s, self.deadline = unanswered_s, deadline
 
     def __call__(self, call: Callable, *args):
         failing_since = None
@@ -189,7 +190,8 @@ def _hold(models: tuple[str, ...], held: tuple[str, ...], before: dict[int, str]
           watch: in_flight.QuietWatch, exit_timeout_s: float) -> tuple[str, ...]:
     """Which of `models` Triton keeps from unloading with nothing in flight (said once);
     one whose destruction began is not held: it is only slow."""
-    newly = tuple(m for m in models if states.get(m) in ALIVE and m not in held and not destruction_began(m, before, now))
+    newly = tuple(m for m in models if states.get(m) in ALIVE and m not in held
+                  and not destruction_began(m, before, now))
     if newly:
         log.warning("%s still unloading with nothing in flight: for %.1f s since its unload Triton reported no "
                     "request pending (%s 0) and none answered, and every python stub was idle; Triton 2.51 can "
@@ -199,7 +201,8 @@ def _hold(models: tuple[str, ...], held: tuple[str, ...], before: dict[int, str]
     return newly
 
 
-def stuck_copies(dead: Iterable[int], instance_of: Callable[[int], str | None], exit_timeout_s: float) -> tuple[str, ...]:
+def stuck_copies(dead: Iterable[int], instance_of: Callable[[int], str | None],
+                 exit_timeout_s: float) -> tuple[str, ...]:
     """After a full drain: the dead stubs (zombies still in tritonserver's group) of model copies
     that can never unload, named by their instance ("pid N" if never seen alive); () when
     tritonserver can stop cleanly.

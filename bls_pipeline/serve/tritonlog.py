@@ -64,7 +64,8 @@ class LogPump(threading.Thread):
     a line at a time, and hands each line to `watch`. Ends at the output's end (every
     process holding the pipe gone)."""
 
-    def __init__(self, source: IO[bytes], sink: IO[bytes], watch: LogWatch, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, source: IO[bytes], sink: IO[bytes], watch: LogWatch,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__(name="bls-tritonserver-log", daemon=True)
         self._source, self._sink, self.watch, self._clock = source, sink, watch, clock
 

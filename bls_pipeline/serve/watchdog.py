@@ -134,7 +134,8 @@ class ProbeBackoff:
         failing = self._failing.pop(model, None)
         if failing is None:
             return None
-        return f"watchdog: {model} answers its probe again, after {now - failing.since:.0f} s and {failing.probes} failed probe(s)"
+        return (f"watchdog: {model} answers its probe again, after {now - failing.since:.0f} s and {failing.probes} "
+                "failed probe(s)")
 
     def probe_soon(self, model: str | None = None) -> None:
         """Probe this failing model (every one, with None) at the next round; it stays failing."""
@@ -178,7 +179,8 @@ def instance_names(model: str, config) -> set[str]:
 
 class Watchdog(threading.Thread):
     def __init__(self, url: str, models: Mapping | Callable[[], Mapping], reload: Callable[[str], None],
-                 interval_s: float = 2.0, probe_timeout_s: float = 10.0, pgid: int | None = None, backoff_max_s: float = 30.0):
+                 interval_s: float = 2.0, probe_timeout_s: float = 10.0, pgid: int | None = None,
+                 backoff_max_s: float = 30.0):
         """models: {name: ModelConfig} of the python models to watch, or a callable giving them
         now (called before each round of probes), in the order to probe them. backoff_max_s:
         the longest wait between two probes of a model that stays broken."""
@@ -187,7 +189,8 @@ class Watchdog(threading.Thread):
 
         self._tc = tc
         self._url, self._timeout = url, probe_timeout_s
-        self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s, connection_timeout=probe_timeout_s)
+        self._client = tc.InferenceServerClient(url, network_timeout=probe_timeout_s,
+                                                connection_timeout=probe_timeout_s)
         self._models = models if callable(models) else (lambda: models)
         self._probes: dict[str, list] = {}
         self._instances: dict[str, set[str]] = {}

@@ -4,8 +4,9 @@ Each constant below is what the launcher, the watchdog and the stop read to live
 defect of Triton 2.51 (the nvidia-pytriton wheel's tritonserver, and the NGC 24.10 image);
 WORKAROUNDS names every workaround, the defect it answers, where it lives, the test that
 shows it, and what a newer Triton lets go. The words of Triton's that they read (DEAD_STUB,
-PROBE_BUSY, LOAD_FAILED, ...) are base/messages.py's, named here with the rest. docs/reliability.md, "Triton 2.51 workarounds",
-lists them (tests/unit/test_workarounds.py checks the list, and that each test exists).
+PROBE_BUSY, LOAD_FAILED, ...) are base/messages.py's, named here with the rest.
+docs/reliability.md, "Triton 2.51 workarounds", lists them (tests/unit/test_workarounds.py
+checks the list, and that each test exists).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 from ..base.messages import DEAD_STUB, LOAD_FAILED, LOADED, PROBE_BUSY, TRITON_FATAL
 
-__all__ = ["DEAD_STUB", "HELD_GRACE_S", "LEAKED_GRACE_S", "LOAD_FAILED", "LOADED", "PROBE_BUSY", "STUB_ARGV", "STUB_HEALTH_CHECK_S",
-           "TRITON_FATAL", "Workaround", "WORKAROUNDS"]
+__all__ = ["DEAD_STUB", "HELD_GRACE_S", "LEAKED_GRACE_S", "LOAD_FAILED", "LOADED", "PROBE_BUSY", "STUB_ARGV",
+           "STUB_HEALTH_CHECK_S", "TRITON_FATAL", "Workaround", "WORKAROUNDS"]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def decode_to_batch(images: Sequence[Sequence[bytes] | None], policy: DecodePoli
             return ImageError(exc.reason, str(exc))
         except Exception:  # noqa: BLE001 - one image's surprise (MemoryError...) fails its request only
             log.exception("decode/preprocess failed unexpectedly for one image")
-            return ImageError("internal", "could not decode or preprocess this image (internal error, logged on the server)")
+            return ImageError("internal",
+                              "could not decode or preprocess this image (internal error, logged on the server)")
 
     outcomes = _map_rows(len(jobs), work, pool)
     errors: dict[int, ImageError] = {}
@@ -91,7 +92,8 @@ def crop_batch(images: Sequence[Image.Image], image_rows: np.ndarray, boxes: np.
     from its image (preprocess.preprocess_region)."""
     batch = np.empty((len(boxes), *spec.input_shape), dtype=spec.numpy_dtype)
 
-    _map_rows(len(boxes), lambda row: preprocess_region(images[image_rows[row]], tuple(boxes[row]), spec, batch[row]), pool)
+    _map_rows(len(boxes), lambda row: preprocess_region(images[image_rows[row]], tuple(boxes[row]), spec, batch[row]),
+              pool)
     return batch
 
 

@@ -106,7 +106,8 @@ def _decode_binary(data: bytes, policy: DecodePolicy) -> Image.Image:
         claimed = _claimed_format(data, policy.formats)
         if isinstance(exc, UnidentifiedImageError):
             if claimed is None:
-                raise ImageError("unsupported_format", f"not a decodable image (allowed formats: {', '.join(policy.formats)})") from None
+                raise ImageError("unsupported_format",
+                                 f"not a decodable image (allowed formats: {', '.join(policy.formats)})") from None
             problem = _header_problem(data, claimed)  # e.g. a PNG whose header CRC is broken
         else:
             problem = _short(exc)
@@ -116,7 +117,9 @@ def _decode_binary(data: bytes, policy: DecodePolicy) -> Image.Image:
     if width < 1 or height < 1:
         raise ImageError("corrupt", f"image has an empty size {width}x{height}")
     if width * height > policy.max_pixels:
-        raise ImageError("too_many_pixels", f"image is {width}x{height} = {width * height} pixels, over the {policy.max_pixels}-pixel limit")
+        raise ImageError("too_many_pixels",
+                         f"image is {width}x{height} = {width * height} pixels, over the {policy.max_pixels}-pixel "
+                         "limit")
 
     try:
         if img.format == "JPEG" and policy.draft_min_side > 0:

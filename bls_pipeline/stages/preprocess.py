@@ -73,7 +73,8 @@ class PreprocessSpec:
     _offset: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in RESIZE_MODES or self.colour not in COLOURS or self.layout not in LAYOUTS or self.dtype not in DTYPES:
+        if (self.mode not in RESIZE_MODES or self.colour not in COLOURS or self.layout not in LAYOUTS
+                or self.dtype not in DTYPES):
             raise ValueError(f"preprocessing mode/colour/layout/dtype must be one of {RESIZE_MODES}/{tuple(COLOURS)}/"
                              f"{LAYOUTS}/{tuple(DTYPES)}, got {self.mode}/{self.colour}/{self.layout}/{self.dtype}")
         if not 0 < self.crop <= (self.resize if self.mode == "shorter_side" else self.crop):
@@ -82,11 +83,12 @@ class PreprocessSpec:
             raise ValueError(f"a {self.crop}x{self.width} input needs resize mode stretch or keep_aspect: "
                              "shorter_side centre-crops a square")
         if self.pad not in PAD_PLACES or not 0 <= self.pad_value <= 255:
-            raise ValueError(f"pad must be one of {PAD_PLACES} and pad_value within 0..255, got {self.pad} {self.pad_value}")
+            raise ValueError(f"pad must be one of {PAD_PLACES} and pad_value within 0..255, got {self.pad} "
+                             f"{self.pad_value}")
         channels = COLOURS[self.colour]
         if len(self.mean) != channels or len(self.std) != channels or min(self.std) <= 0 or not self.scale > 0:
-            raise ValueError(f"mean and std need {channels} value{'s' if channels > 1 else ''} each for {self.colour}, std > 0 and scale > 0; "
-                             f"got mean={self.mean} std={self.std} scale={self.scale}")
+            raise ValueError(f"mean and std need {channels} value{'s' if channels > 1 else ''} each for {self.colour}, "
+                             f"std > 0 and scale > 0; got mean={self.mean} std={self.std} scale={self.scale}")
         shape = (channels, 1, 1) if self.layout == "NCHW" else (1, 1, channels)
         std = np.asarray(self.std, dtype=np.float32)
         mean = np.asarray(self.mean, dtype=np.float32)
@@ -130,7 +132,8 @@ class PreprocessSpec:
     def geometry(self) -> tuple:
         """What decides the pixels before normalisation: equal geometry, same pixels."""
         keep_aspect = (self.pad, self.pad_value) if self.mode == "keep_aspect" else None
-        return (self.mode, self.resize if self.mode == "shorter_side" else None, self.crop, self.input_width, keep_aspect)
+        return (self.mode, self.resize if self.mode == "shorter_side" else None, self.crop, self.input_width,
+                keep_aspect)
 
 
 def _resized_size(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int]:
@@ -186,7 +189,8 @@ def preprocess_region(img: Image.Image, box: Box, spec: PreprocessSpec, out: np.
     into `out`: the region is treated as an image of its own (resize mode, padding), with
     one resample straight from the image (no intermediate crop)."""
     (sx0, sy0, sx1, sy1), (left, top, w, h) = placement(box[2] - box[0], box[3] - box[1], spec)
-    source = (max(0.0, box[0] + sx0), max(0.0, box[1] + sy0), min(img.width, box[0] + sx1), min(img.height, box[1] + sy1))
+    source = (max(0.0, box[0] + sx0), max(0.0, box[1] + sy0), min(img.width, box[0] + sx1),
+              min(img.height, box[1] + sy1))
     _write(img.resize((w, h), Image.BILINEAR, box=source), spec, out, (left, top, w, h))
 
 

@@ -88,7 +88,8 @@ def _resize_crop(images: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
     sx, sy = width / new_w, height / new_h
     x0, x1 = int(left * sx), min(width, max(int(left * sx) + 1, round((left + crop) * sx)))
     y0, y1 = int(top * sy), min(height, max(int(top * sy) + 1, round((top + crop) * sy)))
-    return F.interpolate(images[..., y0:y1, x0:x1], size=(crop, crop), mode="bilinear", antialias=True, align_corners=False)
+    return F.interpolate(images[..., y0:y1, x0:x1], size=(crop, crop), mode="bilinear", antialias=True,
+                         align_corners=False)
 
 
 def preprocess_batch(images: Sequence[torch.Tensor], spec: PreprocessSpec, device: torch.device | str) -> torch.Tensor:
@@ -143,7 +144,8 @@ def crop_batch(images: Sequence[torch.Tensor], image_rows: np.ndarray, boxes: np
     for i, (x0, y0, x1, y1) in enumerate(boxes):
         (bx0, by0, bx1, by1), (left, top, rw, rh) = placement(x1 - x0, y1 - y0, spec)
         gx, gy = (bx1 - bx0) / rw, (by1 - by0) / rh
-        sampled[i] = (x0 + bx0 - left * gx, y0 + by0 - top * gy, x0 + bx0 + (w_in - left) * gx, y0 + by0 + (h_in - top) * gy)
+        sampled[i] = (x0 + bx0 - left * gx, y0 + by0 - top * gy, x0 + bx0 + (w_in - left) * gx,
+                      y0 + by0 + (h_in - top) * gy)
         rects[i] = (left, top, rw, rh)
     for image_row in np.unique(image_rows):
         members = np.flatnonzero(image_rows == image_row)

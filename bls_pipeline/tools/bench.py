@@ -45,7 +45,8 @@ from .bench_images import (HEAVY_SIZE, IMAGE_SIZE, ORIGINAL, announce, image_set
                            region_pages, synthetic_12mp, tensor_set)
 from .bench_sweep import Point, markdown, plot, ratios, run_point, time_preprocess, top1_with_and_without_draft
 from .bench_targets import (CASCADES, CLASSIFIER, DEFAULT_TARGET, HANDWRITTEN, HANDWRITTEN_CALLS, OPEN_LOOP_TARGETS,
-                            OVERLOAD_TARGETS, PEER, REGION_TARGETS, RUNNING_SERVED, SHADOW_TARGET, TARGETS, served_model,
+                            OVERLOAD_TARGETS, PEER, REGION_TARGETS, RUNNING_SERVED, SHADOW_TARGET, TARGETS,
+                            served_model,
                             engine_of, fed_tensors, parse_setting, repository_for, serve_with, served_description)
 
 __all__ = ["Endpoints", "main", "parse_args", "running_endpoints"]
@@ -56,7 +57,8 @@ CLIENT_KINDS = ("deadline", "timeout")
 
 
 def _machine() -> dict:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor())
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
     from importlib.metadata import version
 
     versions = ", ".join(f"{p} {version(p)}" for p in ("nvidia-pytriton", "onnxruntime", "torch", "pillow", "numpy"))
@@ -65,7 +67,8 @@ def _machine() -> dict:
 
 # ---- the server: a running one, or one bls-bench starts ------------------------------------------
 # A running server's ports where none is given: Triton's own (8000, 8001, 8002), as ServerOptions has them.
-PORT_DEFAULTS = {what: ServerOptions.__dataclass_fields__[f"{what}_port"].default for what in ("http", "grpc", "metrics")}
+PORT_DEFAULTS = {what: ServerOptions.__dataclass_fields__[f"{what}_port"].default
+                 for what in ("http", "grpc", "metrics")}
 
 
 @dataclass(frozen=True)
@@ -145,39 +148,48 @@ def _floats(option: str, text: str) -> list[float]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bls-bench", description=__doc__.splitlines()[0])
-    p.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated sweep: closed-loop clients per point")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32",
+                   help="comma-separated sweep: closed-loop clients per point")
     p.add_argument("--duration", type=float, default=15.0,
-                   help="seconds measured per point (longer until every client sent a request in them); with --open-loop, "
-                        "per load")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds per point (with --open-loop, per load) before measuring")
+                   help="seconds measured per point (longer until every client sent a request in them); with "
+                        "--open-loop, per load")
+    p.add_argument("--warmup", type=float, default=3.0,
+                   help="seconds per point (with --open-loop, per load) before measuring")
     p.add_argument("--targets", default=None,
-                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL, classify_bls@MODEL or {PEER}@MODEL "
-                        "for a classifier MODEL of the repository (e.g. resnet50_int8), or any flow model in the repository "
-                        f"(as it is configured); default {','.join(TARGETS)} (--overload: {','.join(OVERLOAD_TARGETS)}; "
+                   help=f"any of {', '.join(TARGETS + tuple(CASCADES))}, classifier@MODEL, classify_bls@MODEL or "
+                        f"{PEER}@MODEL for a classifier MODEL of the repository (e.g. resnet50_int8), or any flow "
+                        f"model in the repository (as it is configured); default {','.join(TARGETS)} (--overload: "
+                        f"{','.join(OVERLOAD_TARGETS)}; "
                         f"--open-loop: {','.join(OPEN_LOOP_TARGETS)})")
-    p.add_argument("--rounds", type=int, default=1, help="measure each point this many times (interleaved); report the median")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each point this many times (interleaved); report the median")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="the concurrency sweep's protocol")
-    p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
+    p.add_argument("--model-repository", type=Path, default=default_models(),
+                   help="default: ./models or the checkout's")
     p.add_argument("--images", type=Path, default=default_samples(),
                    help="folder of JPEG photos, *.jpg and *.jpeg (default: the checkout's samples/)")
     p.add_argument("--image-size", default=f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}",
-                   help=f"WxH: each photo centre-cropped to 4:3, resized to WxH and re-encoded, sent with its mirror (default "
-                        f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}, as docs/performance.md's tables were measured); {ORIGINAL}: the "
-                        "files as given. bls-bench says per file what it sends.")
+                   help="WxH: each photo centre-cropped to 4:3, resized to WxH and re-encoded, sent with its mirror "
+                        f"(default {IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}, as docs/performance.md's tables were measured); "
+                        f"{ORIGINAL}: the files as given. bls-bench says per file what it sends.")
     p.add_argument("--heavy-images", type=int, default=0, metavar="N",
-                   help=f"add N heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} (12-megapixel) JPEGs to the images sent, each a photo "
-                        "scaled up (every mode)")
-    p.add_argument("--keep-branches", action="store_true", help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
+                   help=f"add N heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} (12-megapixel) JPEGs to the images sent, each a "
+                        "photo scaled up (every mode)")
+    p.add_argument("--keep-branches", action="store_true",
+                   help="keep classify_bls's tta_threshold (default: 0, like the ensemble)")
     p.add_argument("--shadow-share", type=float, default=1.0, help=f"the {SHADOW_TARGET} target's shadow_share")
     p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results")
     server = p.add_argument_group(
-        "the server: without --url or --host bls-bench starts one on a copy of --model-repository (on loopback, on the ports "
-        "given, free ports otherwise)")
-    server.add_argument("--url", help="use a running server (its own config) instead of starting one: HOST:PORT of --protocol's "
-                                      "endpoint (HOST alone: the ports below)")
+        "the server: without --url or --host bls-bench starts one on a copy of --model-repository (on loopback, on the "
+        "ports given, free ports otherwise)")
+    server.add_argument("--url",
+                        help="use a running server (its own config) instead of starting one: HOST:PORT of --protocol's "
+                             "endpoint (HOST alone: the ports below)")
     server.add_argument("--host", help="use a running server on HOST instead of starting one, at the ports below")
-    server.add_argument("--http-port", type=int, help=f"HTTP port (a running server's: default {PORT_DEFAULTS['http']})")
-    server.add_argument("--grpc-port", type=int, help=f"gRPC port (a running server's: default {PORT_DEFAULTS['grpc']})")
+    server.add_argument("--http-port", type=int,
+                        help=f"HTTP port (a running server's: default {PORT_DEFAULTS['http']})")
+    server.add_argument("--grpc-port", type=int,
+                        help=f"gRPC port (a running server's: default {PORT_DEFAULTS['grpc']})")
     server.add_argument("--metrics-port", type=int,
                         help=f"metrics port, where the flows' own counts are read (a running server's: default "
                              f"{PORT_DEFAULTS['metrics']})")
@@ -189,27 +201,31 @@ def _parser() -> argparse.ArgumentParser:
                         help="a parameter of MODEL (a model or target; classify_bls: it and every variant of it) in "
                              "bls-bench's copy, e.g. classify_bls.latency_target_ms=0; may repeat")
     load = p.add_argument_group(
-        "overload (--overload) and open-loop (--open-loop) modes: asyncio clients in one thread, each target over each protocol "
-        "and client kind in turn; --concurrency and --rounds do not apply")
+        "overload (--overload) and open-loop (--open-loop) modes: asyncio clients in one thread, each target over each "
+        "protocol and client kind in turn; --concurrency and --rounds do not apply")
     load.add_argument("--overload", action="store_true",
-                      help="measure goodput past capacity (bls_pipeline/tools/overload.py): capacity, then a spike of clients "
-                           "with deadlines per --factor, then recovery")
+                      help="measure goodput past capacity (bls_pipeline/tools/overload.py): capacity, then a spike of "
+                           "clients with deadlines per --factor, then recovery")
     load.add_argument("--open-loop", metavar="LOADS",
-                      help="measure below capacity (bls_pipeline/tools/openloop.py): capacity, then Poisson arrivals at each "
-                           "of these fractions of it, e.g. 0.5,0.8,0.95, --duration seconds each")
+                      help="measure below capacity (bls_pipeline/tools/openloop.py): capacity, then Poisson arrivals "
+                           "at each of these fractions of it, e.g. 0.5,0.8,0.95, --duration seconds each")
     load.add_argument("--protocols", default="grpc,http", help="the protocols to measure, in turn")
     load.add_argument("--deadline", type=float, default=None,
-                      help=f"each request's deadline, seconds (default: --overload {DEFAULT_DEADLINE_S['overload']}, --open-loop "
-                           f"{DEFAULT_DEADLINE_S['open_loop']}); over gRPC the call's deadline, over HTTP the client's timeout")
+                      help=f"each request's deadline, seconds (default: --overload {DEFAULT_DEADLINE_S['overload']}, "
+                           f"--open-loop {DEFAULT_DEADLINE_S['open_loop']}); over gRPC the call's deadline, over HTTP "
+                           "the client's timeout")
     load.add_argument("--clients", default=None,
-                      help="the client kinds, each in turn: deadline (only their own: a gRPC deadline, an HTTP client's "
-                           f"timeout), timeout (also Triton's timeout request parameter); default: --overload "
+                      help="the client kinds, each in turn: deadline (only their own: a gRPC deadline, an HTTP "
+                           "client's timeout), timeout (also Triton's timeout request parameter); default: --overload "
                            f"{','.join(CLIENT_KINDS)}, --open-loop deadline")
-    load.add_argument("--capacity-clients", type=int, default=8, help="closed-loop clients that measure capacity (and recovery)")
+    load.add_argument("--capacity-clients", type=int, default=8,
+                      help="closed-loop clients that measure capacity (and recovery)")
     load.add_argument("--capacity-duration", type=float, default=10.0, help="seconds measured for capacity")
     load.add_argument("--capacity", type=float, metavar="REQUESTS_PER_S",
-                      help="open loop: take this capacity instead of measuring it (the same arrival rates across servers)")
-    load.add_argument("--factor", default="4", help="overload: clients = factor x capacity x deadline; several: 4,8 (a row each)")
+                      help="open loop: take this capacity instead of measuring it (the same arrival rates across "
+                           "servers)")
+    load.add_argument("--factor", default="4",
+                      help="overload: clients = factor x capacity x deadline; several: 4,8 (a row each)")
     load.add_argument("--spike", type=float, default=30.0, help="overload: seconds of each spike")
     load.add_argument("--recovery", type=float, default=10.0, help="overload: seconds watched after each spike")
     load.add_argument("--no-timeout-parameter", action="store_true", help="overload: the same as --clients deadline")
@@ -234,11 +250,14 @@ def _parsed(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Name
         args.loads = _floats("--open-loop", args.open_loop) if args.open_loop else []
         args.settings = [parse_setting(s) for s in args.set]
         args.running = running_endpoints(args.url, args.host, {"http": args.http_port, "grpc": args.grpc_port,
-                                                               "metrics": args.metrics_port}, args.metrics_url, args.protocol)
+                                                               "metrics": args.metrics_port}, args.metrics_url,
+                                         args.protocol)
         if args.running is None and args.metrics_url:
-            raise ValueError("--metrics-url is a running server's (with --url or --host); bls-bench knows its own server's")
+            raise ValueError("--metrics-url is a running server's (with --url or --host); bls-bench knows its own "
+                             "server's")
         if args.running is not None and (args.max_queue_size is not None or args.settings):
-            raise ValueError("--max-queue-size and --set change bls-bench's own copy of the repository: not with --url or --host")
+            raise ValueError("--max-queue-size and --set change bls-bench's own copy of the repository: not with --url "
+                             "or --host")
         if args.max_queue_size is not None and args.max_queue_size < 0:
             raise ValueError(f"--max-queue-size: {args.max_queue_size} is below 0 (0: unbounded)")
         if args.capacity is not None and mode != "open_loop":
@@ -246,10 +265,12 @@ def _parsed(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Name
         args.protocol_list = [x for x in args.protocols.split(",") if x] if mode else [args.protocol]
         if set(args.protocol_list) - {"grpc", "http"}:
             raise ValueError(f"--protocols: {args.protocols!r}; use grpc, http or grpc,http")
-        kinds = "deadline" if args.no_timeout_parameter or (mode == "open_loop" and args.clients is None) else args.clients
+        kinds = ("deadline" if args.no_timeout_parameter or (mode == "open_loop" and args.clients is None)
+                 else args.clients)
         args.kinds = [k for k in (kinds or ",".join(CLIENT_KINDS)).split(",") if k]
         if set(args.kinds) - set(CLIENT_KINDS):
-            raise ValueError(f"--clients: unknown kind(s) {sorted(set(args.kinds) - set(CLIENT_KINDS))}; use {','.join(CLIENT_KINDS)}")
+            raise ValueError(f"--clients: unknown kind(s) {sorted(set(args.kinds) - set(CLIENT_KINDS))}; use "
+                             f"{','.join(CLIENT_KINDS)}")
         if args.deadline is None and mode:
             args.deadline = DEFAULT_DEADLINE_S[mode]
     except ValueError as exc:
@@ -270,10 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     flows = sorted(d.name for d in args.model_repository.iterdir() if is_flow_model(d))
     engines = tuple(sorted({e[1] for t in targets if (e := engine_of(t))}))
-    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS) - {SHADOW_TARGET, DEFAULT_TARGET}
-                 - {t for t in targets if (e := engine_of(t)) and (args.model_repository / e[1] / "config.pbtxt").is_file()})
+    bad = sorted(set(targets) - set(TARGETS) - set(CASCADES) - set(flows) - set(REGION_TARGETS)
+                 - {SHADOW_TARGET, DEFAULT_TARGET}
+                 - {t for t in targets if (e := engine_of(t))
+                    and (args.model_repository / e[1] / "config.pbtxt").is_file()})
     if bad:
-        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model ({', '.join(flows)})")
+        p.error(f"unknown targets {bad}; choose from {', '.join(TARGETS + tuple(CASCADES))} or a flow model "
+                f"({', '.join(flows)})")
     files = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpg", ".jpeg") and f.is_file())
     try:
         images = image_set(files, args.size, args.heavy_images)
@@ -297,12 +321,14 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(str(exc))
             served = served_description(repo, targets, args.max_queue_size, args.settings)
             needed = {served_model(t) for t in targets} | (set(HANDWRITTEN_CALLS) if HANDWRITTEN in targets else set())
-            if any(served_model(t).startswith("classify_bls") and engine_of(t) is None and t != DEFAULT_TARGET for t in targets):
+            if any(served_model(t).startswith("classify_bls") and engine_of(t) is None and t != DEFAULT_TARGET
+                   for t in targets):
                 needed.add(CLASSIFIER)  # the bench's flows call it: without it, their answers are degraded
             needed = tuple(sorted(needed))
-            server = TritonServer(ServerOptions(repo, http_port=args.http_port or free_port(), grpc_port=args.grpc_port or free_port(),
-                                               metrics_port=args.metrics_port or free_port(),
-                                               log_file=workdir / "tritonserver.log", models=needed))
+            server = TritonServer(ServerOptions(repo, http_port=args.http_port or free_port(),
+                                                grpc_port=args.grpc_port or free_port(),
+                                                metrics_port=args.metrics_port or free_port(),
+                                                log_file=workdir / "tritonserver.log", models=needed))
             missing = server.not_loaded(needed)  # before any work
             if missing and set(missing) & set(engines):
                 p.error(f"cannot benchmark without {missing}: build the engines first "
@@ -332,13 +358,16 @@ def main(argv: list[str] | None = None) -> int:
             _check_ready(endpoints, args.protocol_list, {t: served_model(t) for t in targets})
         print(f"bls-bench serves: {served}; HTTP {endpoints.http}, gRPC {endpoints.grpc}, metrics {endpoints.metrics}",
               file=sys.stderr)
-        context = {"image_set": images.summary, "image_notes": images.notes, "served": served, "endpoints": asdict(endpoints)}
+        context = {"image_set": images.summary, "image_notes": images.notes, "served": served,
+                   "endpoints": asdict(endpoints)}
         if args.mode:
             # A flow's answers are read from its own count on the metrics port, with --url as
             # without: checked here, before any load, so a wrong port fails at once.
-            known = {t: True if served_model(t) in flows or served_model(t).startswith("classify_bls") else None for t in targets}
+            known = {t: True if served_model(t) in flows or served_model(t).startswith("classify_bls") else None
+                     for t in targets}
             try:
-                is_flow = {t: FinishedCounter.for_model(served_model(t), endpoints.metrics, endpoints.url(args.protocol_list[0]),
+                is_flow = {t: FinishedCounter.for_model(served_model(t), endpoints.metrics,
+                                                        endpoints.url(args.protocol_list[0]),
                                                         args.protocol_list[0], known[t]).by_flow for t in targets}
             except MetricsUnreadable as exc:
                 raise SystemExit(f"bls-bench: {exc}") from exc
@@ -350,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         grid = [(r, t, c) for r in range(args.rounds) for c in args.concurrency for t in targets]
         for _, target, c in tqdm(grid, desc="bench", unit="point"):
             payloads = tensors if fed_tensors(target) else pages if target in REGION_TARGETS else images.payloads
-            runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration, args.warmup))
+            runs.setdefault((target, c), []).append(run_point(url, args.protocol, target, c, payloads, args.duration,
+                                                              args.warmup))
         points = [sorted(rs, key=lambda pt: pt.images_per_s)[len(rs) // 2] for rs in runs.values()]
     finally:
         if server is not None:
@@ -364,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
             "keep_branches": args.keep_branches, "shadow_share": args.shadow_share, "top1_12mp_draft_vs_full": top1}
     meta["ratios"], meta["ratios_per_round"] = ratios(runs, prep)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "points": [asdict(pt) for pt in points], "preprocess": prep}, indent=2))
+    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "points": [asdict(pt) for pt in points],
+                                                     "preprocess": prep}, indent=2))
     table = markdown(points, prep, meta)
     if top1 is not None:
-        table += f"\n12MP top-1 class with draft decode: {top1[0]}, with full decode: {top1[1]} ({'unchanged' if top1[0] == top1[1] else 'CHANGED'}).\n"
+        table += (f"\n12MP top-1 class with draft decode: {top1[0]}, with full decode: {top1[1]} "
+                  f"({'unchanged' if top1[0] == top1[1] else 'CHANGED'}).\n")
     (args.out / "bench.md").write_text(table)
     plot(points, args.out / "bench.png")
     print(table)
@@ -391,7 +423,8 @@ def _overload(args, targets: list[str], payloads: list[bytes], endpoints: Endpoi
             "recovery_s": args.recovery}
     for target, protocol, kind in tqdm(_load_grid(args, targets), desc="overload", unit="target"):
         results += overload.run_factors(
-            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name, is_flow=is_flow[target],
+            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name,
+            is_flow=is_flow[target],
             metrics_url=endpoints.metrics, deadline_s=args.deadline, factors=tuple(args.factors),
             capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration, spike_s=args.spike,
             recovery_s=args.recovery, warmup_s=args.warmup, timeout_parameter=kind == "timeout")
@@ -399,7 +432,8 @@ def _overload(args, targets: list[str], payloads: list[bytes], endpoints: Endpoi
     if server is not None:  # the stop after the spikes, as an operator's SIGTERM would find the server
         start = time.monotonic()
         code = server.stop()
-        meta["stop"] = {"seconds": round(time.monotonic() - start, 2), "exit_code": code, "drained": server.last_stop.drained}
+        meta["stop"] = {"seconds": round(time.monotonic() - start, 2), "exit_code": code,
+                        "drained": server.last_stop.drained}
         _save(args.out, "overload", meta, results)
     return _report(args.out, "overload", overload.markdown(results, meta))
 
@@ -412,13 +446,14 @@ def _open_loop(args, targets: list[str], payloads: list[bytes], endpoints: Endpo
 
     results = []
     capacity = (f"{args.capacity:g} requests/s, as given (--capacity)" if args.capacity is not None else
-                f"measured first per target, protocol and client kind: {args.capacity_clients} closed-loop clients, no deadline, "
-                f"{args.capacity_duration} s after {args.warmup} s")
+                f"measured first per target, protocol and client kind: {args.capacity_clients} closed-loop clients, no "
+                f"deadline, {args.capacity_duration} s after {args.warmup} s")
     meta = {**_machine(), **context, "capacity": capacity, "loads": args.loads, "deadline_s": args.deadline,
             "duration_s": args.duration, "warmup_s": args.warmup}
     for target, protocol, kind in tqdm(_load_grid(args, targets), desc="open loop", unit="target"):
         results += openloop.run_target(
-            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name, loads=tuple(args.loads),
+            endpoints.url(protocol), protocol, target, served_model(target), payloads, output=LABELS.name,
+            loads=tuple(args.loads),
             is_flow=is_flow[target], metrics_url=endpoints.metrics, deadline_s=args.deadline, duration_s=args.duration,
             warmup_s=args.warmup, capacity_clients=args.capacity_clients, capacity_s=args.capacity_duration,
             capacity=args.capacity, timeout_parameter=kind == "timeout")

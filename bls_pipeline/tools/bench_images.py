@@ -119,25 +119,28 @@ def image_set(files: list[Path], size: tuple[int, int] | None = IMAGE_SIZE, heav
         src = readable[k % len(readable)]
         data = synthetic_12mp(src)
         payloads.append(data)
-        notes.append(f"heavy {k + 1}: {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG ({HEAVY_SIZE[0] * HEAVY_SIZE[1] / 1e6:.0f} megapixels), "
-                     f"{_kb(data)}: {src.name} scaled up (--heavy-images)")
+        notes.append(f"heavy {k + 1}: {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG ({HEAVY_SIZE[0] * HEAVY_SIZE[1] / 1e6:.0f} "
+                     f"megapixels), {_kb(data)}: {src.name} scaled up (--heavy-images)")
     folder = files[0].parent
     these = f"the {len(files)} files of {folder}" if len(files) > 1 else f"{files[0]}"
     if size is None:
         summary = f"{these} as given (--image-size {ORIGINAL})"
     else:
         summary = (f"{len(payloads) - heavy} JPEGs of {size[0]}x{size[1]}: {these} centre-cropped "
-                   f"to 4:3 and resized, each with its mirror (--image-size {size[0]}x{size[1]}: not the files as given)")
+                   f"to 4:3 and resized, each with its mirror (--image-size {size[0]}x{size[1]}: not the files as "
+                   "given)")
     if heavy:
-        summary += f", and {heavy} heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG{'s' if heavy > 1 else ''} (--heavy-images)"
+        summary += (f", and {heavy} heavy {HEAVY_SIZE[0]}x{HEAVY_SIZE[1]} JPEG{'s' if heavy > 1 else ''} "
+                    "(--heavy-images)")
     return ImageSet(payloads, notes, summary, size is not None, readable)
 
 
 def announce(images: ImageSet, size: tuple[int, int] | None) -> str:
     """What bls-bench prints before it sends anything: what it does to the files, per file."""
     if images.changed:
-        head = (f"bls-bench sends CHANGED images, not the files as given (--image-size {size[0]}x{size[1]}, the default, "
-                f"as docs/performance.md's tables were measured); --image-size {ORIGINAL} sends the files as they are:")
+        head = (f"bls-bench sends CHANGED images, not the files as given (--image-size {size[0]}x{size[1]}, the "
+                f"default, as docs/performance.md's tables were measured); --image-size {ORIGINAL} sends the files as "
+                "they are:")
     else:
         head = "bls-bench sends the files as given:"
     return "\n".join([head, *(f"  {note}" for note in images.notes)])

@@ -70,11 +70,13 @@ def _child_counts(client, protocol: str, models: tuple[str, ...]) -> dict[str, n
     for model in models:
         stats = model_statistics(client, protocol, model)["model_stats"][0]
         compute = sum(stat(stats["inference_stats"], k, "ns") for k in COMPUTE)
-        out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute], np.float64)
+        out[model] = np.array([int(stats.get("execution_count", 0)), int(stats.get("inference_count", 0)), compute],
+                              np.float64)
     return out
 
 
-def children_per_image(before: dict[str, np.ndarray], after: dict[str, np.ndarray], images: int) -> dict[str, dict[str, float]]:
+def children_per_image(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
+                       images: int) -> dict[str, dict[str, float]]:
     """Each called model's executions per image the target answered, rows per execution and
     compute ms per row. The last two are its own counters' ratios; the first compares them
     with the target's, so requests in flight at the window's ends blur it (long windows)."""
@@ -145,7 +147,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     record_from[0] = now + warmup_s
     time.sleep(warmup_s)
     called = HANDWRITTEN_CALLS if target in REGION_TARGETS else ()
-    before, children_before = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
+    before = _server_stats(stats_client, protocol, model)
+    children_before = _child_counts(stats_client, protocol, called)
     time.sleep(duration_s)
     # The window lasts until every client sent a request in it: one whose requests take
     # longer than the window (a slow model on a busy machine) would leave it empty, 0 images/s.
@@ -153,7 +156,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
         time.sleep(0.005)
     stop_at[0] = time.perf_counter()
     window_s = stop_at[0] - record_from[0]
-    after, children_after = _server_stats(stats_client, protocol, model), _child_counts(stats_client, protocol, called)
+    after = _server_stats(stats_client, protocol, model)
+    children_after = _child_counts(stats_client, protocol, called)
     for t in threads:
         t.join()
     stats_client.close()
@@ -161,7 +165,8 @@ def run_point(url: str, protocol: str, target: str, concurrency: int, payloads: 
     n = max(after["count"] - before["count"], 1)
     pct = np.percentile(lat, [50, 95, 99]) if len(lat) else [float("nan")] * 3
     return Point(target, concurrency, len(lat) / window_s, *map(float, pct), len(lat), sum(errors),
-                 (after["queue_ns"] - before["queue_ns"]) / n / 1e6, (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
+                 (after["queue_ns"] - before["queue_ns"]) / n / 1e6,
+                 (after["compute_ns"] - before["compute_ns"]) / n / 1e6,
                  sum(escalated) / len(lat) if target in CASCADES and len(lat) else None,
                  sum(regions) / window_s if target in REGION_TARGETS else None,
                  children_per_image(children_before, children_after, n) if called else None,
@@ -211,40 +216,49 @@ def markdown(points: list[Point], prep: list[dict], meta: dict) -> str:
     if any(p.regions_per_s is not None for p in points):
         images += f" ({meta.get('pages', 0)} text pages for the region targets)"
     lines = [f"Machine: {meta['machine']}. Versions: {meta['versions']}. Protocol {meta['protocol']}, "
-             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up. Images: {images}, one image per request. "
+             f"{meta['duration_s']} s per point after {meta['warmup_s']} s warm-up. Images: {images}, one image per "
+             "request. "
              + (f"Served: {meta['served']}. " if meta.get("served") else "")
              + f"Each point is the median-throughput one of {meta['rounds']} interleaved rounds.",
-             "", "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | of those refused: queue full / queue timeout / model "
-             "| server queue ms | server compute ms | escalated (+ degraded) / regions |",
+             "",
+             "| target | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | of those refused: queue full / "
+             "queue timeout / model | server queue ms | server compute ms | escalated (+ degraded) / regions |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         esc = "" if p.escalated_fraction is None else f"{p.escalated_fraction:.0%}" + (
             f" (+ {p.degraded_fraction:.0%})" if p.degraded_fraction else "")
         esc = esc or ("" if p.regions_per_s is None else f"{p.regions_per_s:.1f} regions/s")
         refused = " / ".join(str(p.refused_by.get(who, 0)) for who in REFUSERS)
-        lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | "
-                     f"{p.errors} | {refused} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | {esc} |")
+        lines.append(f"| {p.target} | {p.concurrency} | {p.images_per_s:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | "
+                     f"{p.p99_ms:.1f} | {p.errors} | {refused} | {p.server_queue_ms:.1f} | {p.server_compute_ms:.1f} | "
+                     f"{esc} |")
     lines += ["", "Server queue and compute ms: Triton's statistics, per request it counted a success; "
                   f"{TRITON_SUCCESS_COUNTS}."]
     ratios, per_round = meta.get("ratios", {}), meta.get("ratios_per_round", [])
     if ratios:
-        lines += ["", "| ratio (within each round) | median of rounds | " + " | ".join(f"round {r + 1}" for r in range(len(per_round))) + " |",
+        lines += ["",
+                  "| ratio (within each round) | median of rounds | "
+                  + " | ".join(f"round {r + 1}" for r in range(len(per_round))) + " |",
                   "|---|" + "---:|" * (1 + len(per_round))]
-        lines += [f"| {k} | {v:.3f} | " + " | ".join(f"{values[k]:.3f}" for values in per_round) + " |" for k, v in ratios.items()]
+        lines += [f"| {k} | {v:.3f} | " + " | ".join(f"{values[k]:.3f}" for values in per_round) + " |"
+                  for k, v in ratios.items()]
     called = [p for p in points if p.children]
     if called:
-        lines += ["", "| target | concurrency | model called | executions / image | rows / execution | compute ms / row |",
+        lines += ["",
+                  "| target | concurrency | model called | executions / image | rows / execution | compute ms / row |",
                   "|---|---:|---|---:|---:|---:|"]
         lines += [f"| {p.target} | {p.concurrency} | {model} | {v['calls_per_image']:.2f} | {v['rows_per_call']:.2f} | "
                   f"{v['compute_ms_per_row']:.1f} |" for p in called for model, v in p.children.items()]
     if prep:
-        lines += ["", "| decode+preprocess | draft_min_side | ms/image | ms/image, caches cold |", "|---|---:|---:|---:|"]
+        lines += ["", "| decode+preprocess | draft_min_side | ms/image | ms/image, caches cold |",
+                  "|---|---:|---:|---:|"]
         lines += [f"| {r['image']} | {r['draft_min_side'] or 'off (full decode)'} | {r['ms_per_image']:.2f} | "
                   f"{r['ms_per_image_cold_cache']:.2f} |" for r in prep]
     return "\n".join(lines) + "\n"
 
 
-def ratios(runs: dict[tuple[str, int], list[Point]], prep: list[dict]) -> tuple[dict[str, float], list[dict[str, float]]]:
+def ratios(runs: dict[tuple[str, int], list[Point]],
+           prep: list[dict]) -> tuple[dict[str, float], list[dict[str, float]]]:
     """The issue's ratios, each taken within one round (its two points were measured a few
     seconds apart, so slow drift on a shared machine cancels): the median over rounds, and
     every round's own values."""
@@ -258,10 +272,12 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
     conc = sorted({c for _, c in by})
     c8 = 8 if 8 in conc else conc[-1]
     if ("classify_bls", c8) in by and ("classifier", c8) in by:
-        out[f"classify_bls / classifier images/s at c={c8}"] = by["classify_bls", c8].images_per_s / by["classifier", c8].images_per_s
+        out[f"classify_bls / classifier images/s at c={c8}"] = (by["classify_bls", c8].images_per_s
+                                                                / by["classifier", c8].images_per_s)
     for c in conc:
         if ("classify_bls", c) in by and ("ensemble_resnet50", c) in by:
-            out[f"classify_bls / ensemble images/s at c={c}"] = by["classify_bls", c].images_per_s / by["ensemble_resnet50", c].images_per_s
+            out[f"classify_bls / ensemble images/s at c={c}"] = (by["classify_bls", c].images_per_s
+                                                                 / by["ensemble_resnet50", c].images_per_s)
     c1 = conc[0]
     small = [r for r in prep if r["image"].startswith("500x375") and r["draft_min_side"]]
     if ("classify_bls", c1) in by and ("classifier", c1) in by and small:
@@ -270,13 +286,15 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
     for engine in sorted({m for t, _ in by if (e := engine_of(t)) for m in (e[1],)}):
         bls, alone = f"classify_bls@{engine}", f"classifier@{engine}"
         if (bls, c8) in by and ("classify_bls", c8) in by:
-            out[f"{bls} / classify_bls images/s at c={c8}"] = by[bls, c8].images_per_s / by["classify_bls", c8].images_per_s
+            out[f"{bls} / classify_bls images/s at c={c8}"] = (by[bls, c8].images_per_s
+                                                               / by["classify_bls", c8].images_per_s)
         if (bls, c1) in by and ("classify_bls", c1) in by:
             out[f"{bls} p50 / classify_bls p50 at c={c1}"] = by[bls, c1].p50_ms / by["classify_bls", c1].p50_ms
         if (bls, c8) in by and (alone, c8) in by:
             out[f"{bls} / {alone} images/s at c={c8}"] = by[bls, c8].images_per_s / by[alone, c8].images_per_s
         if (alone, c8) in by and ("classifier", c8) in by:
-            out[f"{alone} / classifier images/s at c={c8}"] = by[alone, c8].images_per_s / by["classifier", c8].images_per_s
+            out[f"{alone} / classifier images/s at c={c8}"] = (by[alone, c8].images_per_s
+                                                               / by["classifier", c8].images_per_s)
         bls = "classify_bls" if engine == CLASSIFIER and (bls, c1) not in by else bls  # the FP32 peer's classify_bls
         for flow in (bls, f"{IN_PROCESS}@{engine}"):
             for c in conc:
@@ -295,10 +313,12 @@ def _round_ratios(by: dict[tuple[str, int], Point], prep: list[dict]) -> dict[st
     for single in singles:
         for c in conc:
             if (batched, c) in by and (single, c) in by and by[single, c].regions_per_s:
-                out[f"{batched} / {single} regions/s at c={c}"] = by[batched, c].regions_per_s / by[single, c].regions_per_s
+                out[f"{batched} / {single} regions/s at c={c}"] = (by[batched, c].regions_per_s
+                                                                   / by[single, c].regions_per_s)
     for name in CASCADES:
         if (name, c8) in by and ("classify_bls", c8) in by:
-            out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
+            ratio = by[name, c8].images_per_s / by["classify_bls", c8].images_per_s
+            out[f"{name} / classify_bls (resnet50 only) images/s at c={c8}"] = ratio
     big = {r["draft_min_side"]: r["ms_per_image"] for r in prep if r["image"].startswith("12MP")}
     if len(big) == 2:
         out["12MP full decode / draft decode time"] = big[0] / big[DRAFT]

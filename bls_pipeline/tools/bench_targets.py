@@ -15,10 +15,11 @@ from google.protobuf import text_format
 from ..base.modelconfig import config_variant, parse_config
 from ..contract import CLASSIFIER_INPUT, CLASSIFIER_OUTPUT, IMAGE, LABELS, REGION_COUNT, ROUTE
 
-__all__ = ["CASCADES", "CLASSIFIER", "DEFAULT_TARGET", "HANDWRITTEN", "HANDWRITTEN_CALLS", "IN_PROCESS", "OPEN_LOOP_TARGETS",
+__all__ = ["CASCADES", "CLASSIFIER", "DEFAULT_TARGET", "HANDWRITTEN", "HANDWRITTEN_CALLS", "IN_PROCESS",
+           "OPEN_LOOP_TARGETS",
            "OVERLOAD_TARGETS", "PEER", "REGION_TARGETS", "RUNNING_SERVED", "SHADOW_TARGET", "SHADOW_TWIN", "TARGETS",
-           "bench_repository", "build_request", "engine_of", "fed_tensors", "parse_setting", "repository_for", "served_description", "served_model",
-           "serve_with"]
+           "bench_repository", "build_request", "engine_of", "fed_tensors", "parse_setting", "repository_for",
+           "served_description", "served_model", "serve_with"]
 
 
 CLASSIFIER = "resnet50_onnx"
@@ -116,13 +117,15 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
             shutil.rmtree(dst / name)
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
-        (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {"cascade_threshold": threshold, "tta_threshold": "0"}))
+        (dst / name / "config.pbtxt").write_text(config_variant(bls, name,
+                                                                {"cascade_threshold": threshold, "tta_threshold": "0"}))
     for kind, engine in [("classify_bls", e) for e in engines] + [(IN_PROCESS, e) for e in in_process]:
         name = f"{kind}__{engine}"
         (dst / name).mkdir()
         (dst / name / "1").symlink_to((dst / "classify_bls" / "1").resolve())
         (dst / name / "config.pbtxt").write_text(config_variant(bls, name, {
-            "classifiers": engine, "cascade_classifiers": "none", "run_in_process": engine if kind == IN_PROCESS else "none",
+            "classifiers": engine, "cascade_classifiers": "none",
+            "run_in_process": engine if kind == IN_PROCESS else "none",
             **({} if keep_branches else {"tta_threshold": "0"})}))
     for engine in peers:
         name = f"{PEER}__{engine}"
@@ -152,7 +155,8 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
     (dst / DEFAULT_TARGET / "config.pbtxt").write_text(config_variant(bls, DEFAULT_TARGET, _as_served(src, bls)))
     # resnet50 alone on FP32 onnxruntime, the ensemble's classifier (not the first engine built),
     # and without keep_branches no flip pass: the same work as the ensemble.
-    plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER, **({} if keep_branches else {"tta_threshold": "0"})}
+    plain = {"cascade_classifiers": "none", "classifiers": CLASSIFIER,
+             **({} if keep_branches else {"tta_threshold": "0"})}
     (dst / "classify_bls" / "config.pbtxt").write_text(config_variant(bls, "classify_bls", plain))
     for name in (SHADOW_TWIN, SHADOW_TARGET):
         if (dst / name).exists():
@@ -163,7 +167,8 @@ def bench_repository(src: Path, dst: Path, keep_branches: bool, engines: tuple[s
     (dst / SHADOW_TWIN / "config.pbtxt").write_text(config_variant(src / CLASSIFIER, SHADOW_TWIN, {}))
     (dst / SHADOW_TARGET / "1").symlink_to((dst / "classify_bls" / "1").resolve())
     (dst / SHADOW_TARGET / "config.pbtxt").write_text(
-        config_variant(bls, SHADOW_TARGET, {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": f"{shadow_share:g}"}))
+        config_variant(bls, SHADOW_TARGET,
+                       {**plain, "shadow": f"{CLASSIFIER}={SHADOW_TWIN}", "shadow_share": f"{shadow_share:g}"}))
 
 
 def _as_served(repo: Path, flow: Path) -> dict[str, str]:
@@ -233,9 +238,11 @@ def queue_bound(model_dir: Path) -> str:
     return f"max_queue_size {size}" if size else "max_queue_size 0 (unbounded)"
 
 
-def served_description(dst: Path, targets: list[str], max_queue_size: int | None, settings: list[tuple[str, str, str]]) -> str:
+def served_description(dst: Path, targets: list[str], max_queue_size: int | None,
+                       settings: list[tuple[str, str, str]]) -> str:
     """Which queue bound (and --set parameters) each target's model was served with."""
-    bounds = [f"{t} with {queue_bound(dst / served_model(t))}" for t in targets if (dst / served_model(t) / "config.pbtxt").is_file()]
+    bounds = [f"{t} with {queue_bound(dst / served_model(t))}" for t in targets
+              if (dst / served_model(t) / "config.pbtxt").is_file()]
     text = "bls-bench's own server: " + ", ".join(bounds)
     text += " (--max-queue-size)" if max_queue_size is not None else " (as the repository configures it)"
     if settings:
@@ -247,7 +254,8 @@ RUNNING_SERVED = "a running server, with its own config (its queue bounds are no
 OPEN_LOOP_TARGETS = (DEFAULT_TARGET,)
 
 
-def repository_for(targets: list[str], src: Path, dst: Path, keep_branches: bool = False, shadow_share: float = 1.0) -> None:
+def repository_for(targets: list[str], src: Path, dst: Path, keep_branches: bool = False,
+                   shadow_share: float = 1.0) -> None:
     """bench_repository(src, dst) with the variants `targets` need, as bls-bench makes it."""
     engines = tuple(sorted({e[1] for t in targets if (e := engine_of(t))}))
     peers = tuple(sorted({e[1] for t in targets if (e := engine_of(t)) and e[0] == PEER}))

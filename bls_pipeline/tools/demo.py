@@ -27,8 +27,8 @@ from ..serve.paths import default_models, default_samples
 log = logging.getLogger(__name__)
 FLOWS = ("classify_bls", "triage_bls", "read_text")
 # (flow, protocol, top-k: None for the model's own default_topk) in the order they run.
-RUNS = (("classify_bls", "http", 3), ("classify_bls", "grpc", 3), ("triage_bls", "grpc", 3), ("read_text", "http", None),
-        ("read_text", "grpc", None))
+RUNS = (("classify_bls", "http", 3), ("classify_bls", "grpc", 3), ("triage_bls", "grpc", 3),
+        ("read_text", "http", None), ("read_text", "grpc", None))
 # resnet50's served forms, all from the same weights: none is served without real ones.
 RESNET50 = ("resnet50_onnx", "resnet50_torch")
 
@@ -86,7 +86,8 @@ def ensure_classifiers(repo: Path, say=print) -> dict[str, str]:
         say("NOTE: models/resnet50_onnx carries RANDOM weights (a test export): not serving it, so every label\n"
             "      printed below comes from efficientnet_lite0's real weights.")
         return dict.fromkeys(RESNET50, "random weights (a test export)")
-    say(f"resnet50_onnx weights: {weights}; efficientnet_lite0_onnx weights: {_weights(repo, 'efficientnet_lite0_onnx')}")
+    say(f"resnet50_onnx weights: {weights}; efficientnet_lite0_onnx weights: "
+        f"{_weights(repo, 'efficientnet_lite0_onnx')}")
     return {}
 
 
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = default_samples()
     p.add_argument("images", nargs="*", default=[str(samples)] if samples else [],
                    help="files or folders (default: the checkout's samples/)")
-    p.add_argument("--model-repository", type=Path, default=default_models(), help="default: ./models or the checkout's")
+    p.add_argument("--model-repository", type=Path, default=default_models(),
+                   help="default: ./models or the checkout's")
     p.add_argument("--topk", type=int, default=None,
                    help="labels per image (default: 3 for classify_bls and triage_bls, read_text's own for read_text)")
     args = p.parse_args(argv)
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             topk = args.topk or topk
             url = server.url(protocol)
             results = classify_files(url, protocol, files, topk, concurrency=4, model=model)
-            print(f"\n== {model} over {protocol.upper()} ({url}), " + (f"top-{topk} ==" if topk else "its own top-k =="))
+            print(f"\n== {model} over {protocol.upper()} ({url}), "
+                  + (f"top-{topk} ==" if topk else "its own top-k =="))
             print(format_table(results))
             failed |= any(r.error for r in results)
     print("server stopped.")

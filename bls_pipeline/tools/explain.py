@@ -40,7 +40,8 @@ def parse_duration(text: str) -> float:
     found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*", text or "")
     seconds = float(found.group(1)) * _UNITS_S[found.group(2)] if found else 0.0
     if seconds <= 0:
-        raise ValueError(f"{text!r} is not a duration: write a number above 0 and a unit (ms, s, m, h), e.g. 30s, 5m, 1h")
+        raise ValueError(f"{text!r} is not a duration: write a number above 0 and a unit (ms, s, m, h), e.g. 30s, 5m, "
+                         "1h")
     return seconds
 
 
@@ -49,7 +50,8 @@ def set_log_executions(admin: RepositoryAdmin, flow: str, on: bool) -> bool:
     config = admin.config(flow)
     params = dict(config.get("parameters") or {})
     want = "true" if on else "false"
-    if params.get("log_executions", {}).get("string_value", "false").lower() in (("true", "1", "yes") if on else ("false", "0", "no")):
+    already = ("true", "1", "yes") if on else ("false", "0", "no")
+    if params.get("log_executions", {}).get("string_value", "false").lower() in already:
         return False
     params["log_executions"] = {"string_value": want}
     admin.load(flow, {**config, "parameters": params})
@@ -67,8 +69,8 @@ def render(found: dict) -> str:
     lines.append(f"  {'queue':34s}{found['queue_ms']:>10,.1f} ms  waiting for an instance")
     execute = found.get("execute")
     pid = f" (pid {execute['pid']})" if execute and execute.get("pid") else ""
-    where = (f"{execute['instance']}{pid}, one execute() of {len(execute['requests'])} request(s) and {execute['probes']} "
-             f"probe(s), {execute['images']} image(s) answered" if execute else "")
+    where = (f"{execute['instance']}{pid}, one execute() of {len(execute['requests'])} request(s) and "
+             f"{execute['probes']} probe(s), {execute['images']} image(s) answered" if execute else "")
     lines.append(f"  {'compute':34s}{found['compute_ms']:>10,.1f} ms  {where}")
     for part in found["parts"]:
         indent = "    " + "  " * part.get("level", 0)
@@ -89,7 +91,8 @@ def _fetch(status: str, query: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bls-explain", description="Where a slow request's time went (bls-serve's status port).")
+    p = argparse.ArgumentParser(prog="bls-explain",
+                                description="Where a slow request's time went (bls-serve's status port).")
     p.add_argument("--status", default="127.0.0.1:8003", help="bls-serve's status port (host:port)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--slowest", type=int, default=1, metavar="N", help="the N slowest of the recent requests")
@@ -127,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         found = _fetch(args.status, query)
     except urllib.error.HTTPError as exc:
-        print(f"bls-explain: the status port at {args.status} refused the query: {exc.read().decode(errors='replace').strip()}",
-              file=sys.stderr)
+        print(f"bls-explain: the status port at {args.status} refused the query: "
+              f"{exc.read().decode(errors='replace').strip()}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"bls-explain: no bls-serve status port at {args.status} ({exc}): start bls-serve with --status-port",

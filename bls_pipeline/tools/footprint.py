@@ -41,7 +41,8 @@ class Footprint:
 def _smaps_mib(pid: int) -> tuple[float, float]:
     text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     kb = {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB", text, re.M)}
-    return (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024, (kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0)) / 1024
+    private = (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024
+    return private, (kb.get("Shared_Clean", 0) + kb.get("Shared_Dirty", 0)) / 1024
 
 
 def measure(server: TritonServer) -> list[Footprint]:
@@ -58,12 +59,14 @@ def measure(server: TritonServer) -> list[Footprint]:
 
 def report(idle: list[Footprint], loaded: list[Footprint], load_s: float) -> str:
     after = {r.process: r for r in loaded}
-    lines = [f"| process | private MiB idle | private MiB after {load_s:.0f} s of load | shared MiB after |", "|---|---:|---:|---:|"]
+    lines = [f"| process | private MiB idle | private MiB after {load_s:.0f} s of load | shared MiB after |",
+             "|---|---:|---:|---:|"]
     for r in idle:
         a = after.get(r.process)
         lines.append(f"| {r.process} | {r.private_mib:.0f} | {a.private_mib:.0f} | {a.shared_mib:.0f} |" if a else
                      f"| {r.process} | {r.private_mib:.0f} | (gone) | |")
-    lines.append(f"| **all** | **{sum(r.private_mib for r in idle):.0f}** | **{sum(r.private_mib for r in loaded):.0f}** | |")
+    lines.append(f"| **all** | **{sum(r.private_mib for r in idle):.0f}** | "
+                 f"**{sum(r.private_mib for r in loaded):.0f}** | |")
     return "\n".join(lines) + "\n"
 
 
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")
     workdir = Path(tempfile.mkdtemp(prefix="bls-footprint-"))
     baselines = Repository.read(args.model_repository).baselines()  # as bls-serve does
-    server = TritonServer(ServerOptions.on_free_ports(args.model_repository, workdir / "tritonserver.log", exclude=baselines))
+    server = TritonServer(ServerOptions.on_free_ports(args.model_repository, workdir / "tritonserver.log",
+                                                      exclude=baselines))
     try:
         server.start()
         time.sleep(5)  # the stubs settle after their load-time imports

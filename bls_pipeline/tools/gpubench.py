@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bls_pipeline.tools.gpubench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("step", choices=("env", "stub-check", "decode", "classifier", "serve", "note"))
-    p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "gpu_results", help="results.json and summary.md go here")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same steps without a GPU (a dry run)")
+    p.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "gpu_results",
+                   help="results.json and summary.md go here")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the same steps without a GPU (a dry run)")
     p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos")
     p.add_argument("--model-repository", type=Path, default=default_models(), help="with the exported artifacts")
     p.add_argument("--batch", type=_ints, default=[64, 256], help="decode: batch sizes")
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-flow-instances", type=int, default=2, help="serve: classify_bls stubs on the GPU")
     p.add_argument("--classifier-instances", type=int, default=1, help=f"serve: {CEILING} instances on the GPU")
     p.add_argument("--cuda-pool-mb", type=int, default=1024, help="serve: Triton's CUDA memory pool on GPU 0")
-    p.add_argument("--time-budget", type=float, default=0.0, help="serve: stop the sweep before this many seconds (0: no limit)")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="serve: stop the sweep before this many seconds (0: no limit)")
     p.add_argument("--section", help="note: which results section (exports, tests)")
     p.add_argument("--status", choices=("ok", "failed"), default="ok", help="note: the step's outcome")
     p.add_argument("--detail", help="note: what failed, or what was done")

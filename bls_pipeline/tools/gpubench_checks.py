@@ -32,7 +32,8 @@ def _version(module: str) -> str | None:
 def nvidia_smi(*query: str) -> list[list[str]] | str:
     if shutil.which("nvidia-smi") is None:
         return "nvidia-smi not found"
-    proc = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                          timeout=30)
     if proc.returncode != 0:
         return f"nvidia-smi failed: {proc.stderr.strip()[:200]}"
     return [[cell.strip() for cell in line.split(",")] for line in proc.stdout.strip().splitlines() if line.strip()]
@@ -48,9 +49,12 @@ def _stub_libraries() -> dict:
     if spec is None or not spec.submodule_search_locations:
         return {"ok": False, "error": "nvidia-pytriton is not installed (its wheel carries tritonserver and the stub)"}
     root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
-    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    stub = (root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
+            / "triton_python_backend_stub")
     if not stub.exists():
-        return {"ok": False, "error": f"no python backend stub for Python {sys.version_info.major}.{sys.version_info.minor} in {root}"}
+        return {"ok": False,
+                "error": f"no python backend stub for Python {sys.version_info.major}.{sys.version_info.minor} in "
+                         f"{root}"}
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
         p for p in (sysconfig.get_config_var("LIBDIR") or "", str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p))
@@ -187,7 +191,8 @@ def cmd_stub_check(args) -> int:
             (work / "models" / name / "1").mkdir(parents=True)
             (work / "models" / name / "config.pbtxt").write_text(_ECHO_CONFIG.format(name=name, kind=kind))
             (work / "models" / name / "1" / "model.py").write_text(_ECHO_MODEL)
-        server = TritonServer(ServerOptions.on_free_ports(work / "models", work / "tritonserver.log", startup_timeout_s=120))
+        server = TritonServer(ServerOptions.on_free_ports(work / "models", work / "tritonserver.log",
+                                                          startup_timeout_s=120))
         try:
             server.start()
         except Exception as exc:  # noqa: BLE001 - the reason is the point of this step

@@ -31,7 +31,8 @@ def photo_set(args) -> list[bytes]:
 def _parity(cpu: np.ndarray, other: np.ndarray, spec) -> dict:
     """How far apart two preprocessed batches are, in uint8 pixel steps (1/255 before the
     mean/std: one step is what one rounding of a pixel value moves)."""
-    steps = np.abs(cpu.astype(np.float32) - other.astype(np.float32)) * np.asarray(spec.std, np.float32).reshape(-1, 1, 1) / spec.scale
+    steps = (np.abs(cpu.astype(np.float32) - other.astype(np.float32))
+             * np.asarray(spec.std, np.float32).reshape(-1, 1, 1) / spec.scale)
     return {"max_steps": float(steps.max()), "mean_steps": float(steps.mean()),
             "p99_9_steps": float(np.percentile(steps, 99.9)), "share_over_1_step": float((steps > 1.01).mean())}
 
@@ -60,7 +61,8 @@ def cmd_decode(args) -> int:
             batch = [[images[i % len(images)]] for i in range(batch_size)]
             row = {"batch": batch_size}
             for path, device in (("gpu_path", torch_device), ("cpu_path", host)):
-                row[f"{path}_images_per_s"] = _rate(lambda: device.decode(batch, policy, spec, False), batch_size, args, sync)
+                row[f"{path}_images_per_s"] = _rate(lambda: device.decode(batch, policy, spec, False), batch_size, args,
+                                                    sync)
             row["gpu_over_cpu"] = row["gpu_path_images_per_s"] / row["cpu_path_images_per_s"]
             row.update(_decode_breakdown(torch_device, [b[0] for b in batch], spec, args, sync))
             report["rows"].append(row)
@@ -74,7 +76,8 @@ def cmd_decode(args) -> int:
         report["parity"] = _parity(host.decode(one, policy, spec, False).batch, gpu, spec)
         full = DecodePolicy(draft_min_side=0)
         report["parity_full_decode"] = _parity(host.decode(one, full, spec, False).batch,
-                                               torch_device.to_host(torch_device.decode(one, full, spec, False).batch), spec)
+                                               torch_device.to_host(torch_device.decode(one, full, spec, False).batch),
+                                               spec)
     torch_device.close()
     report["target_images_per_s"] = 15000
     record(args.out, "decode", report)
@@ -105,10 +108,13 @@ def _decode_breakdown(device, datas: list[bytes], spec, args, sync) -> dict:
             list(pool.map(lambda part: ops.decode_jpegs(part, device.device), quarters))
 
     return {"decode_only_images_per_s": _rate(lambda: ops.decode_jpegs(datas, device.device), len(datas), args, sync),
-            "preprocess_only_images_per_s": _rate(lambda: ops.preprocess_batch(decoded, spec, device.device), len(datas), args, sync),
+            "preprocess_only_images_per_s": _rate(lambda: ops.preprocess_batch(decoded, spec, device.device),
+                                                  len(datas), args, sync),
             "decode_4_threads_images_per_s": _rate(threaded, len(datas), args, sync),
-            "header_us_per_image": 1e6 / _rate(lambda: [gpu_jpeg(d, DecodePolicy()) for d in datas], len(datas), args, lambda: None),
-            "pillow_header_us_per_image": 1e6 / _rate(lambda: [_pillow_header(d) for d in datas], len(datas), args, lambda: None)}
+            "header_us_per_image": 1e6
+            / _rate(lambda: [gpu_jpeg(d, DecodePolicy()) for d in datas], len(datas), args, lambda: None),
+            "pillow_header_us_per_image": 1e6
+            / _rate(lambda: [_pillow_header(d) for d in datas], len(datas), args, lambda: None)}
 
 
 def _pillow_header(data: bytes) -> tuple:
@@ -178,7 +184,8 @@ def cmd_classifier(args) -> int:
         for size in args.classifier_batch:
             x = torch.randn(size, 3, 224, 224, device=device)
             rate = _rate(lambda: model(x), size, args, sync)
-            report["rows"].append({"variant": name, "batch": size, "images_per_s": rate, "ms_per_batch": 1000 * size / rate})
+            report["rows"].append({"variant": name, "batch": size, "images_per_s": rate,
+                                   "ms_per_batch": 1000 * size / rate})
             print(f"classifier {name} batch {size}: {rate:.0f} img/s")
         model = None  # its GPU memory back before the next variant
         if args.device == "cuda":

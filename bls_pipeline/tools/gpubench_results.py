@@ -43,9 +43,11 @@ def summary(results: dict) -> str:
              "(scripts/gpu/run.sh); every number below was measured in this run. results.json holds all of them.", ""]
     env = results.get("env")
     if env:
-        lines += ["## Machine", "", f"- Python {env.get('python')}, {env.get('cores')} cores; numpy {env.get('numpy')}; "
-                  f"torch {env.get('torch')}; torchvision {env.get('torchvision')}; onnxruntime {env.get('onnxruntime')}",
-                  f"- GPUs (nvidia-smi): {env.get('gpus')}; torch CUDA: {env.get('cuda')}", f"- TensorRT: {env.get('tensorrt')}",
+        lines += ["## Machine", "",
+                  f"- Python {env.get('python')}, {env.get('cores')} cores; numpy {env.get('numpy')}; torch "
+                  f"{env.get('torch')}; torchvision {env.get('torchvision')}; onnxruntime {env.get('onnxruntime')}",
+                  f"- GPUs (nvidia-smi): {env.get('gpus')}; torch CUDA: {env.get('cuda')}",
+                  f"- TensorRT: {env.get('tensorrt')}",
                   f"- checks: {'ok' if env.get('ok') else 'PROBLEMS: ' + '; '.join(env.get('problems', []))}", ""]
     for section, title in (("stub_check", "Python backend stub"), ("exports", "Exports"), ("tests", "tests/gpu")):
         data = results.get(section)
@@ -58,38 +60,44 @@ def summary(results: dict) -> str:
     if decode and decode.get("rows"):
         lines += ["## (a) decode + preprocess in process", "", f"{decode['images']}; {decode['spec']}. GPU path on "
                   f"{decode['gpu_path_device']}; CPU path on {decode['cpu_threads']} threads. Target: "
-                  f"{decode['target_images_per_s']} img/s.", "", "| batch | GPU path img/s | CPU path img/s | GPU / CPU |",
-                  "|---:|---:|---:|---:|"]
-        lines += [f"| {r['batch']} | {r['gpu_path_images_per_s']:.0f} | {r['cpu_path_images_per_s']:.0f} | {r['gpu_over_cpu']:.2f} |"
+                  f"{decode['target_images_per_s']} img/s.", "",
+                  "| batch | GPU path img/s | CPU path img/s | GPU / CPU |", "|---:|---:|---:|---:|"]
+        lines += [f"| {r['batch']} | {r['gpu_path_images_per_s']:.0f} | {r['cpu_path_images_per_s']:.0f} | "
+                  f"{r['gpu_over_cpu']:.2f} |"
                   for r in decode["rows"]]
         split = [r for r in decode["rows"] if "decode_only_images_per_s" in r]
         if split:
             lines += ["", "Where the GPU path's time goes (img/s of each part alone; header reading in µs per image, "
                       "the marker walk the path uses against Pillow's reading):", "",
-                      "| batch | JPEG decode | preprocess | decode on 4 threads at once | header µs | Pillow header µs |",
-                      "|---:|---:|---:|---:|---:|---:|"]
+                      "| batch | JPEG decode | preprocess | decode on 4 threads at once | header µs | Pillow header µs "
+                      "|", "|---:|---:|---:|---:|---:|---:|"]
             lines += [f"| {r['batch']} | {r['decode_only_images_per_s']:.0f} | {r['preprocess_only_images_per_s']:.0f} "
                       f"| {r['decode_4_threads_images_per_s']:.0f} | {r.get('header_us_per_image', float('nan')):.1f} "
                       f"| {r.get('pillow_header_us_per_image', float('nan')):.1f} |" for r in split]
         regions = decode.get("regions")
         if regions:
-            lines += ["", f"Regions: {regions['regions_per_image']} boxes on each of {regions['images']} decoded images, "
-                      "cut, resized and normalised into one batch:", "", "| spec | GPU regions/s | CPU regions/s | GPU / CPU |",
-                      "|---|---:|---:|---:|"]
-            lines += [f"| {name} | {r['gpu_regions_per_s']:.0f} | {r['cpu_regions_per_s']:.0f} | {r['gpu_over_cpu']:.1f} |"
+            lines += ["",
+                      f"Regions: {regions['regions_per_image']} boxes on each of {regions['images']} decoded images, "
+                      "cut, resized and normalised into one batch:", "",
+                      "| spec | GPU regions/s | CPU regions/s | GPU / CPU |", "|---|---:|---:|---:|"]
+            lines += [f"| {name} | {r['gpu_regions_per_s']:.0f} | {r['cpu_regions_per_s']:.0f} | "
+                      f"{r['gpu_over_cpu']:.1f} |"
                       for name, r in regions.items() if isinstance(r, dict)]
-        for key, what in (("parity", "as the CPU path runs"), ("parity_full_decode", "CPU path without its JPEG draft decode")):
+        for key, what in (("parity", "as the CPU path runs"),
+                          ("parity_full_decode", "CPU path without its JPEG draft decode")):
             p = decode.get(key)
             if p:
-                lines.append(f"\nParity ({what}), in uint8 steps: max {p['max_steps']:.2f}, mean {p['mean_steps']:.3f}, "
-                             f"99.9th percentile {p['p99_9_steps']:.2f}, over one step {p['share_over_1_step']:.2%}.")
+                lines.append(f"\nParity ({what}), in uint8 steps: max {p['max_steps']:.2f}, mean "
+                             f"{p['mean_steps']:.3f}, 99.9th percentile {p['p99_9_steps']:.2f}, over one step "
+                             f"{p['share_over_1_step']:.2%}.")
         lines.append("")
     classifier = results.get("classifier")
     if classifier and classifier.get("rows"):
         lines += ["## resnet50_torch in process", "", f"On {classifier['device']}; load (with warm-up or capture): "
                   + ", ".join(f"{k} {v:.1f} s" for k, v in classifier["load_s"].items()) + ".", "",
                   "| variant | batch | images/s | ms per batch |", "|---|---:|---:|---:|"]
-        lines += [f"| {r['variant']} | {r['batch']} | {r['images_per_s']:.0f} | {r['ms_per_batch']:.2f} |" for r in classifier["rows"]]
+        lines += [f"| {r['variant']} | {r['batch']} | {r['images_per_s']:.0f} | {r['ms_per_batch']:.2f} |"
+                  for r in classifier["rows"]]
         lines.append("")
     serve = results.get("serve")
     if serve and serve.get("points"):

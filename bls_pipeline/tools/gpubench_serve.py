@@ -36,7 +36,8 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1,
     the GPU (`gpu_flow_instances` stubs on it) and on the CPU (as shipped: two CPU instances),
     both on resnet50_torch alone; resnet50_torch on the GPU (or, for a dry run without one,
     everything on CPU instances, resnet50_torch in fp32 without CUDA graphs)."""
-    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "*.pt", "__pycache__"))
+    shutil.copytree(src, dst, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.plan", "*.pt", "__pycache__"))
     for pattern in ("*/1/*.onnx", "*/1/*.onnx.data", "*/1/*.plan", "*/1/*.pt"):
         for artifact in src.glob(pattern):
             (dst / artifact.relative_to(src)).symlink_to(artifact.resolve())
@@ -46,7 +47,8 @@ def gpu_repository(src: Path, dst: Path, gpu: bool, gpu_flow_instances: int = 1,
         count = gpu_flow_instances if gpu and name == GPU_FLOW else None
         (dst / name / "config.pbtxt").write_text(_variant(src / "classify_bls", name, FLOW_SETTINGS, kind, count=count))
     if gpu and classifier_instances != 1:
-        (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, {}, "KIND_GPU", count=classifier_instances))
+        (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, {}, "KIND_GPU",
+                                                             count=classifier_instances))
     if not gpu:
         cpu_settings = {"precision": "fp32", "cuda_graphs": "0"}  # CUDA graphs need a KIND_GPU instance
         (dst / CEILING / "config.pbtxt").write_text(_variant(src / CEILING, CEILING, cpu_settings, "KIND_CPU",
@@ -81,13 +83,15 @@ def _run_points(url: str, target: str, model: str, concurrency: int, payloads: l
     server's per-request times averaged over the processes, weighted by their requests."""
     procs = max(1, min(concurrency, args.client_procs))
     shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
-    futures = [pool.submit(_point_in_process, url, target, model, c, payloads, args.duration, args.warmup) for c in shares]
+    futures = [pool.submit(_point_in_process, url, target, model, c, payloads, args.duration, args.warmup)
+               for c in shares]
     points = [f.result() for f in futures]
     n = sum(p.requests for p in points) or 1
     mean = lambda field: float(sum(getattr(p, field) * p.requests for p in points) / n)  # noqa: E731
-    return bench_sweep.Point(model if target == "classifier" else target, concurrency, sum(p.images_per_s for p in points),
-                       mean("p50_ms"), mean("p95_ms"), mean("p99_ms"), sum(p.requests for p in points), sum(p.errors for p in points),
-                       mean("server_queue_ms"), mean("server_compute_ms"))
+    return bench_sweep.Point(model if target == "classifier" else target, concurrency,
+                             sum(p.images_per_s for p in points),
+                       mean("p50_ms"), mean("p95_ms"), mean("p99_ms"), sum(p.requests for p in points),
+                       sum(p.errors for p in points), mean("server_queue_ms"), mean("server_compute_ms"))
 
 
 def _started(_: int) -> None:
@@ -132,7 +136,8 @@ def cmd_serve(args) -> int:
     # BLS tensors in GPU memory cross between the stubs through Triton's CUDA memory pool:
     # room for a few 64-image batches in flight (the default 64 MB holds one).
     extra = (f"--cuda-memory-pool-byte-size=0:{args.cuda_pool_mb << 20}",) if gpu else ()
-    server = TritonServer(ServerOptions.on_free_ports(repo, log, models=models, startup_timeout_s=300, extra_args=extra))
+    server = TritonServer(ServerOptions.on_free_ports(repo, log, models=models, startup_timeout_s=300,
+                                                      extra_args=extra))
     missing = server.not_loaded(models)
     report: dict = {"device": args.device, "client_processes": args.client_procs, "duration_s": args.duration,
                     "warmup_s": args.warmup, "gpu_flow_instances": args.gpu_flow_instances if gpu else None,
@@ -178,7 +183,8 @@ def serve_ratios(points: list[dict], decode: dict | None) -> dict:
     for p in points:
         if p["errors"] == 0 and p["images_per_s"] > best.get(p["target"], {}).get("images_per_s", -1):
             best[p["target"]] = p
-    out: dict = {"best": {t: {"concurrency": p["concurrency"], "images_per_s": p["images_per_s"]} for t, p in best.items()}}
+    out: dict = {"best": {t: {"concurrency": p["concurrency"], "images_per_s": p["images_per_s"]}
+                          for t, p in best.items()}}
     if GPU_FLOW in best and CEILING in best:
         out["gpu_flow_over_ceiling"] = best[GPU_FLOW]["images_per_s"] / best[CEILING]["images_per_s"]
     if GPU_FLOW in best and CPU_FLOW in best:

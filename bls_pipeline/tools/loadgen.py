@@ -27,8 +27,10 @@ import numpy as np
 from ..base.messages import QUEUE_FULL, QUEUE_TIMEOUT, REQUEST_ID
 from ..base.statistics import summed
 
-__all__ = ["AioClient", "FinishedCounter", "MetricsUnreadable", "REFUSERS", "TRITON_SUCCESS_COUNTS", "Tally", "backoff_s",
-           "closed_loop", "flow_answered", "model_statistics", "outcome_of", "outcome_of_exception", "percentile_ms", "read_metrics"]
+__all__ = ["AioClient", "FinishedCounter", "MetricsUnreadable", "REFUSERS", "TRITON_SUCCESS_COUNTS", "Tally",
+           "backoff_s",
+           "closed_loop", "flow_answered", "model_statistics", "outcome_of", "outcome_of_exception", "percentile_ms",
+           "read_metrics"]
 
 ANSWERED = "bls_requests_total"  # with code="OK" or "GONE": requests the flow answered with labels
 FINISHED_CODES = ("OK", "GONE")  # GONE: answered after its client had gone (adapter/metrics.py)
@@ -143,7 +145,8 @@ class AioClient:
             if self.protocol == "grpc":
                 await self.client.infer(model, inputs, outputs=outputs, client_timeout=deadline_s, timeout=timeout_us)
             elif deadline_s:
-                await asyncio.wait_for(self.client.infer(model, inputs, outputs=outputs, timeout=timeout_us), deadline_s)
+                await asyncio.wait_for(self.client.infer(model, inputs, outputs=outputs, timeout=timeout_us),
+                                       deadline_s)
             else:
                 await self.client.infer(model, inputs, outputs=outputs)
             return "ok"
@@ -212,8 +215,8 @@ def flow_answered(metrics_text: str, model: str) -> float | None:
     when the text has no OK series (the model is not a flow)."""
     values = {}
     for code in FINISHED_CODES:
-        pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="{code}")[^}}]*}} ([0-9.e+]+)$',
-                             re.M)
+        pattern = re.compile(rf'^{ANSWERED}{{(?=[^}}]*model="{re.escape(model)}")(?=[^}}]*code="{code}")[^}}]*}} '
+                             r'([0-9.e+]+)$', re.M)
         values[code] = pattern.findall(metrics_text)
     if not values["OK"]:
         return None
@@ -251,7 +254,8 @@ class FinishedCounter:
     protocol: str
 
     @classmethod
-    def for_model(cls, model: str, metrics_url: str | None, url: str, protocol: str, is_flow: bool | None = None) -> "FinishedCounter":
+    def for_model(cls, model: str, metrics_url: str | None, url: str, protocol: str,
+                  is_flow: bool | None = None) -> "FinishedCounter":
         """A flow's own count when `is_flow`; None: a flow when the metrics have its series.
         A flow needs metrics_url, and its series there (MetricsUnreadable otherwise): no quiet
         fall back to Triton's success count, which counts refusals."""
@@ -262,8 +266,9 @@ class FinishedCounter:
                                     "(--metrics-port PORT or --metrics-url URL)")
         present = flow_answered(read_metrics(metrics_url), model) is not None
         if is_flow and not present:
-            raise MetricsUnreadable(f"{metrics_url} has no {ANSWERED}{{model=\"{model}\",code=\"OK\"}}: is it the metrics "
-                                    f"port of the server that serves {model} (--metrics-port PORT, --metrics-url URL)?")
+            raise MetricsUnreadable(f"{metrics_url} has no {ANSWERED}{{model=\"{model}\",code=\"OK\"}}: is it the "
+                                    f"metrics port of the server that serves {model} (--metrics-port PORT, "
+                                    "--metrics-url URL)?")
         return cls(model, present, metrics_url if present else None, url, protocol)
 
     @property

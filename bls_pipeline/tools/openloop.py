@@ -122,16 +122,18 @@ def run_target(url: str, protocol: str, target: str, model: str, payloads: list[
         try:
             rate = capacity
             if rate is None:
-                closed, t0, t1 = await closed_loop(client, requests, capacity_clients, None, False, warmup_s, capacity_s, seed)
+                closed, t0, t1 = await closed_loop(client, requests, capacity_clients, None, False, warmup_s,
+                                                   capacity_s, seed)
                 rate = len(closed.answered_ms) / (t1 - t0)
                 if not rate:
                     raise RuntimeError(f"{target} over {protocol}: no answer in {capacity_s} s of closed loop "
-                                       f"({closed.errors} errors, e.g. {closed.error_samples[:1]}): no capacity to load it at")
+                                       f"({closed.errors} errors, e.g. {closed.error_samples[:1]}): no capacity to "
+                                       "load it at")
             for n, load in enumerate(loads):
                 arrivals = load * rate
                 if warmup_s > 0:
-                    await _open_loop(client, requests, poisson_schedule(arrivals, warmup_s, seed + 1 + 2 * n), deadline_s,
-                                     timeout_parameter)
+                    await _open_loop(client, requests, poisson_schedule(arrivals, warmup_s, seed + 1 + 2 * n),
+                                     deadline_s, timeout_parameter)
                 schedule = poisson_schedule(arrivals, duration_s, seed + 2 + 2 * n)
                 before = counter.read_settled()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -141,8 +143,10 @@ def run_target(url: str, protocol: str, target: str, model: str, payloads: list[
                 lag_ms = np.array(lags) * 1e3
                 results.append(OpenLoopResult(
                     target, protocol, timeout_parameter, rate, capacity is None, load, arrivals, duration_s, deadline_s,
-                    len(schedule), len(schedule) / duration_s, len(tally.answered_ms), percentile_ms(tally.answered_ms, 50),
-                    percentile_ms(tally.answered_ms, 99), len(tally.refused_ms), {who: tally.refused_by[who] for who in REFUSERS},
+                    len(schedule), len(schedule) / duration_s, len(tally.answered_ms),
+                    percentile_ms(tally.answered_ms, 50),
+                    percentile_ms(tally.answered_ms, 99), len(tally.refused_ms),
+                    {who: tally.refused_by[who] for who in REFUSERS},
                     percentile_ms(tally.refused_ms, 99), tally.gone, tally.errors, finished,
                     max(0, finished - len(tally.answered_ms)), counter.source, int((lag_ms > LATE_MS).sum()),
                     percentile_ms(list(lag_ms), 99), cpu / wall if wall else math.nan, tally.error_samples))
@@ -154,9 +158,10 @@ def run_target(url: str, protocol: str, target: str, model: str, payloads: list[
 
 
 def markdown(results: list[OpenLoopResult], meta: dict) -> str:
-    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. Images: {meta.get('image_set')}; one per request, "
-             f"in turn. Served: {meta.get('served')}. Capacity: {meta.get('capacity')}. Each load: Poisson arrivals, "
-             f"{meta.get('warmup_s')} s not counted, then {meta.get('duration_s')} s counted; each request with a "
+    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. Images: {meta.get('image_set')}; one "
+             f"per request, in turn. Served: {meta.get('served')}. Capacity: {meta.get('capacity')}. Each load: "
+             f"Poisson arrivals, {meta.get('warmup_s')} s not counted, then {meta.get('duration_s')} s counted; each "
+             "request with a "
              f"{meta.get('deadline_s')} s deadline.", "",
              "| target | protocol, client | load | arrivals /s (capacity) | sent | answered in time | refused "
              "| refused: queue full / queue timeout / model | deadlines passed | errors | answer p50 / p99 ms "
@@ -169,13 +174,15 @@ def markdown(results: list[OpenLoopResult], meta: dict) -> str:
         answers = "-" if not r.answered else f"{r.answer_p50_ms:.0f} / {r.answer_p99_ms:.0f}"
         late = f"{r.late_sends} (p99 {r.lag_p99_ms:.0f} ms)" + (" FELL BEHIND" if r.fell_behind else "")
         mark = "" if r.finished_counted_by.startswith("bls_") else " *"
-        lines.append(f"| {r.target} | {proto} | {r.load:g}x | {r.rate_per_s:.1f} ({r.capacity_per_s:.1f}) | {r.sent} | {r.answered} "
-                     f"| {r.refused} ({r.refused / max(r.sent, 1):.1%}) | {by} | {r.deadlines_passed} | {r.errors} | {answers} "
-                     f"| {refusal} | {r.finished}{mark} ({r.finished_for_gone}) | {late} | {r.load_cores:.2f} |")
-    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered with labels, its client there or gone). '
-                  f"Sent late: sends more than {LATE_MS:g} ms behind their scheduled time; FELL BEHIND: over {LATE_SHARE:.0%} of "
-                  "them, the arrivals were not the Poisson process asked for (a busy machine, or too high a rate for one "
-                  "thread of clients)."]
+        lines.append(f"| {r.target} | {proto} | {r.load:g}x | {r.rate_per_s:.1f} ({r.capacity_per_s:.1f}) | {r.sent} | "
+                     f"{r.answered} | {r.refused} ({r.refused / max(r.sent, 1):.1%}) | {by} | {r.deadlines_passed} | "
+                     f"{r.errors} | {answers} | {refusal} | {r.finished}{mark} ({r.finished_for_gone}) | {late} | "
+                     f"{r.load_cores:.2f} |")
+    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered '
+                  'with labels, its client there or gone). '
+                  f"Sent late: sends more than {LATE_MS:g} ms behind their scheduled time; FELL BEHIND: over "
+                  f"{LATE_SHARE:.0%} of them, the arrivals were not the Poisson process asked for (a busy machine, or "
+                  "too high a rate for one thread of clients)."]
     if any(not r.finished_counted_by.startswith("bls_") for r in results):
         lines[-1] += f" * Not a flow: {TRITON_SUCCESS_COUNTS}, so this figure can be too high."
     return "\n".join(lines) + "\n"

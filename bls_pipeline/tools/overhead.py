@@ -46,7 +46,8 @@ def probe_repository(dst: Path, hold_ms: float, hold_mode: str = "sleep") -> Pat
         model = repo / source.name
         (model / "1").mkdir(parents=True)
         if source.name == PATHS["direct"]:
-            (model / "config.pbtxt").write_text(config_variant(source, model.name, {"hold_ms": str(hold_ms), "hold_mode": hold_mode}))
+            (model / "config.pbtxt").write_text(config_variant(source, model.name,
+                                                               {"hold_ms": str(hold_ms), "hold_mode": hold_mode}))
         else:
             shutil.copy(source / "config.pbtxt", model / "config.pbtxt")
         if parse_config(source).backend == "python":
@@ -64,7 +65,8 @@ def _inputs(tc, path: str) -> list:
     return [inp]
 
 
-def measure(url: str, protocol: str = "grpc", requests: int = 300, rounds: int = 3, warmup: int = 30) -> dict[str, list[float]]:
+def measure(url: str, protocol: str = "grpc", requests: int = 300, rounds: int = 3,
+            warmup: int = 30) -> dict[str, list[float]]:
     """p50 latency in ms per path, one value per round; paths interleaved within a round."""
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(url)

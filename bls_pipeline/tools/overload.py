@@ -91,7 +91,8 @@ def recovery_seconds(done_at: np.ndarray, latency_ms: np.ndarray, start: float, 
 
 
 def run_factors(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str,
-                is_flow: bool | None, metrics_url: str | None, deadline_s: float = 0.5, factors: tuple[float, ...] = (4.0,),
+                is_flow: bool | None, metrics_url: str | None, deadline_s: float = 0.5,
+                factors: tuple[float, ...] = (4.0,),
                 capacity_clients: int = 8, capacity_s: float = 10.0, spike_s: float = 30.0, recovery_s: float = 10.0,
                 warmup_s: float = 3.0, timeout_parameter: bool = True, seed: int = 0) -> list[OverloadResult]:
     """One target over one protocol (the server already up): its capacity, then for each
@@ -105,18 +106,20 @@ def run_factors(url: str, protocol: str, target: str, model: str, payloads: list
         requests = [client.request(model, p, output) for p in payloads]
         results = []
         try:
-            normal, t0, t1 = await closed_loop(client, requests, capacity_clients, None, False, warmup_s, capacity_s, seed)
+            normal, t0, t1 = await closed_loop(client, requests, capacity_clients, None, False, warmup_s, capacity_s,
+                                               seed)
             capacity = len(normal.answered_ms) / (t1 - t0)
             p50, p99 = percentile_ms(normal.answered_ms, 50), percentile_ms(normal.answered_ms, 99)
             for n, factor in enumerate(factors):
                 clients = max(capacity_clients + 1, math.ceil(factor * capacity * deadline_s))
                 finished_before = counter.read()
                 cpu0 = time.process_time()
-                spike, s0, s1 = await closed_loop(client, requests, clients, deadline_s, timeout_parameter, 0.0, spike_s,
-                                                  seed + 1 + 2 * n)
+                spike, s0, s1 = await closed_loop(client, requests, clients, deadline_s, timeout_parameter, 0.0,
+                                                  spike_s, seed + 1 + 2 * n)
                 cpu = time.process_time() - cpu0
                 finished = counter.read() - finished_before
-                after, r0, _ = await closed_loop(client, requests, capacity_clients, None, False, 0.0, recovery_s, seed + 2 + 2 * n)
+                after, r0, _ = await closed_loop(client, requests, capacity_clients, None, False, 0.0, recovery_s,
+                                                 seed + 2 + 2 * n)
                 in_time = len(spike.answered_ms)
                 back = recovery_seconds(np.array(after.answered_at), np.array(after.answered_ms), r0, p99)
                 wasted = max(0, int(round(finished)) - in_time)
@@ -125,8 +128,8 @@ def run_factors(url: str, protocol: str, target: str, model: str, payloads: list
                     in_time / (s1 - s0) / capacity if capacity else math.nan, int(round(finished)), wasted,
                     wasted / finished if finished else 0.0, len(spike.refused_ms), spike.refused_by_queue,
                     percentile_ms(spike.refused_ms, 50), percentile_ms(spike.refused_ms, 99),
-                    spike.gone, spike.errors, back, cpu / (s1 - s0), timeout_parameter, spike.error_samples + normal.error_samples,
-                    factor, dict(spike.refused_by), counter.source))
+                    spike.gone, spike.errors, back, cpu / (s1 - s0), timeout_parameter,
+                    spike.error_samples + normal.error_samples, factor, dict(spike.refused_by), counter.source))
         finally:
             await client.close()
         return results
@@ -134,23 +137,25 @@ def run_factors(url: str, protocol: str, target: str, model: str, payloads: list
     return asyncio.run(run())
 
 
-def run_target(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str, is_flow: bool | None,
+def run_target(url: str, protocol: str, target: str, model: str, payloads: list[bytes], *, output: str,
+               is_flow: bool | None,
                metrics_url: str | None, deadline_s: float = 0.5, factor: float = 4.0, **kwargs) -> OverloadResult:
     """run_factors at one factor."""
-    (result,) = run_factors(url, protocol, target, model, payloads, output=output, is_flow=is_flow, metrics_url=metrics_url,
-                            deadline_s=deadline_s, factors=(factor,), **kwargs)
+    (result,) = run_factors(url, protocol, target, model, payloads, output=output, is_flow=is_flow,
+                            metrics_url=metrics_url, deadline_s=deadline_s, factors=(factor,), **kwargs)
     return result
 
 
 def markdown(results: list[OverloadResult], meta: dict) -> str:
     factors = ", ".join(f"{f:g}x" for f in dict.fromkeys(r.factor for r in results)) or f"{meta.get('factor')}x"
-    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. Images: {meta.get('image_set')}; one per request. "
-             f"Served: {meta.get('served')}. Capacity: {meta.get('capacity_clients')} closed-loop clients for "
-             f"{meta.get('capacity_s')} s; spikes: {factors} overload (clients = factor x capacity x deadline), "
+    lines = [f"Machine: {meta.get('machine')}. Versions: {meta.get('versions')}. Images: {meta.get('image_set')}; one "
+             f"per request. Served: {meta.get('served')}. Capacity: {meta.get('capacity_clients')} closed-loop clients "
+             f"for {meta.get('capacity_s')} s; spikes: {factors} overload (clients = factor x capacity x deadline), "
              f"{meta.get('spike_s')} s each; recovery watched for {meta.get('recovery_s')} s after each.", "",
-             "| target | protocol, client | factor | capacity img/s | normal p50 / p99 ms | clients | deadline s | in time /s "
-             "| goodput / capacity | finished by the server | of those, client gone | refused: queue full / queue timeout / model "
-             "| refusal p50 / p99 ms | deadlines passed | errors | p99 normal again after s | load generator cores |",
+             "| target | protocol, client | factor | capacity img/s | normal p50 / p99 ms | clients | deadline s | in "
+             "time /s | goodput / capacity | finished by the server | of those, client gone | refused: queue full / "
+             "queue timeout / model | refusal p50 / p99 ms | deadlines passed | errors | p99 normal again after s | "
+             "load generator cores |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     triton_counted = False
     for r in results:
@@ -160,16 +165,22 @@ def markdown(results: list[OverloadResult], meta: dict) -> str:
         by = r.refused_by
         mark = "" if r.finished_counted_by.startswith("bls_") else " *"
         triton_counted |= bool(mark)
-        lines.append(f"| {r.target} | {proto} | {r.factor:g} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / {r.normal_p99_ms:.0f} "
-                     f"| {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | {r.goodput_ratio:.2f} | {r.finished}{mark} "
-                     f"| {r.finished_for_gone} ({r.gone_share:.0%}) | {r.refused} ({by.get('queue full', 0)} / "
+        lines.append(f"| {r.target} | {proto} | {r.factor:g} | {r.capacity_images_per_s:.1f} | {r.normal_p50_ms:.0f} / "
+                     f"{r.normal_p99_ms:.0f} | {r.clients} | {r.deadline_s:g} | {r.in_time_per_s:.1f} | "
+                     f"{r.goodput_ratio:.2f} | {r.finished}{mark} | {r.finished_for_gone} ({r.gone_share:.0%}) | "
+                     f"{r.refused} ({by.get('queue full', 0)} / "
                      f"{by.get('queue timeout', 0)} / {by.get('model', 0)}) | {refusals} "
                      f"| {r.deadlines_passed} | {r.errors} | {back} | {r.load_cores:.2f} |")
-    lines += ["", 'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered with labels, its client there or gone).']
+    lines += ["",
+              'Finished by the server: a flow\'s own bls_requests_total{code=~"OK|GONE"} (the requests it answered '
+              'with labels, its client there or gone).']
     if triton_counted:
-        lines[-1] += f" * Not a flow: {TRITON_SUCCESS_COUNTS}, so this figure and the client-gone share can be too high."
+        lines[-1] += (f" * Not a flow: {TRITON_SUCCESS_COUNTS}, so this figure and the client-gone share can be too "
+                      "high.")
     stop = meta.get("stop")
     if stop:
-        lines += ["", f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code "
-                      f"{stop['exit_code']}, {'drained' if stop['drained'] else 'NOT drained (models still busy when the drain gave up)'}."]
+        lines += ["",
+                  f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit "
+                  f"code {stop['exit_code']}, "
+                  f"{'drained' if stop['drained'] else 'NOT drained (models still busy when the drain gave up)'}."]
     return "\n".join(lines) + "\n"

@@ -101,7 +101,8 @@ def _python_models(repo: Path, only: tuple[str, ...] | None) -> list[str]:
 
 def _imports_torch(model_dir: Path) -> bool:
     for source in model_dir.glob("*/*.py"):
-        if re.search(r"^\s*(import torch|from torch|from bls_pipeline\.adapter import torch_model)", source.read_text(), re.M):
+        if re.search(r"^\s*(import torch|from torch|from bls_pipeline\.adapter import torch_model)", source.read_text(),
+                     re.M):
             return True
     return False
 
@@ -126,7 +127,8 @@ def _venv_layout(root: Path, python_version: str, python_home: str) -> Path:
     (root / "bin" / "activate").write_text(_ACTIVATE)
     for name in ("python3", f"python{python_version}"):
         (root / "bin" / name).symlink_to(f"{python_home.rstrip('/')}/python{python_version}")
-    (root / "pyvenv.cfg").write_text(f"home = {python_home}\ninclude-system-site-packages = false\nversion = {python_version}\n")
+    (root / "pyvenv.cfg").write_text(f"home = {python_home}\ninclude-system-site-packages = false\nversion = "
+                                     f"{python_version}\n")
     return site
 
 
@@ -151,8 +153,10 @@ def _point_config_at(config_path: Path, value: str) -> None:
     text = config_path.read_text()
     if re.search(rf'key:\s*"{EXECUTION_ENV_PARAMETER}"', text):
         raise PackError(f"{config_path} already sets {EXECUTION_ENV_PARAMETER}: pack from a repository without it")
-    text = text.rstrip("\n") + (f"\n# Packed by bls-pack-env: the python dependencies, for a Triton with none installed.\n"
-                                f'parameters {{ key: "{EXECUTION_ENV_PARAMETER}", value: {{ string_value: "{value}" }} }}\n')
+    text = text.rstrip("\n") + ("\n# Packed by bls-pack-env: the python dependencies, for a Triton with none "
+                                "installed.\n"
+                                f'parameters {{ key: "{EXECUTION_ENV_PARAMETER}", value: {{ string_value: "{value}" }} '
+                                f'}}\n')
     config_path.write_text(text)
 
 
@@ -192,7 +196,8 @@ def pack(repo: Path, output: Path, *, python_version: str = DEFAULT_PYTHON, pyth
     except BaseException:
         shutil.rmtree(output, ignore_errors=True)
         raise
-    needs_more = {n: "torch (pack with --extra torch)" for n in names if "torch" not in extra and _imports_torch(output / n)}
+    needs_more = {n: "torch (pack with --extra torch)" for n in names if "torch" not in extra
+                  and _imports_torch(output / n)}
     return PackReport(output, tarball, tuple(names), size, needs_more)
 
 
@@ -202,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "(EXECUTION_ENV_PATH), for a stock Triton with no pip install.")
     p.add_argument("repository", type=Path, help="the model repository (e.g. models)")
     p.add_argument("output", type=Path, help="a new folder for the packed copy")
-    p.add_argument("--python-version", help="the Python of the target's python backend stub (NGC 25.01 and later: 3.12; "
-                                            f"24.xx: 3.10) (default: {DEFAULT_PYTHON})")
+    p.add_argument("--python-version",
+                   help="the Python of the target's python backend stub (NGC 25.01 and later: 3.12; 24.xx: 3.10) "
+                        f"(default: {DEFAULT_PYTHON})")
     p.add_argument("--python-home", help="the folder of that Python's executable on the target, the build the stub "
                                          f"runs (default: {DEFAULT_PYTHON_HOME})")
     p.add_argument("--this-python", action="store_true",

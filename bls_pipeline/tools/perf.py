@@ -34,8 +34,8 @@ from ..runtime.load.loader import is_flow_model
 from ..serve.client import check_server, find_images, tritonclient_module
 from ..serve.paths import checkout, default_models, default_samples
 
-__all__ = ["expected_outputs", "flow_counts", "flow_requests", "input_data", "main", "perf_analyzer_command", "request_parameter",
-           "run_perf_analyzer", "with_routes"]
+__all__ = ["expected_outputs", "flow_counts", "flow_requests", "input_data", "main", "perf_analyzer_command",
+           "request_parameter", "run_perf_analyzer", "with_routes"]
 
 
 # ---- the input-data file -----------------------------------------------------------------
@@ -68,7 +68,8 @@ def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], o
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(url)
     try:
-        metadata = client.get_model_metadata(model, as_json=True) if protocol == "grpc" else client.get_model_metadata(model)
+        metadata = (client.get_model_metadata(model, as_json=True) if protocol == "grpc"
+                    else client.get_model_metadata(model))
         shapes = {o["name"]: [int(d) for d in o["shape"]] for o in metadata["outputs"]}
         for name in outputs:
             if name not in shapes:
@@ -91,7 +92,8 @@ def expected_outputs(url: str, protocol: str, model: str, images: list[bytes], o
         client.close()
 
 
-def with_routes(images: list[bytes], expected: list[dict[str, list]], branches: set[str]) -> tuple[list[bytes], list[dict[str, list]]]:
+def with_routes(images: list[bytes], expected: list[dict[str, list]],
+                branches: set[str]) -> tuple[list[bytes], list[dict[str, list]]]:
     """The images whose expected ROUTE ends in one of `branches` (ROUTE is `model:branch`), and
     their expected answers: e.g. classify_bls's `confident`, answers that no load can change,
     where an escalated image may come back degraded when resnet50 is busy."""
@@ -151,10 +153,11 @@ def _data_main(args: argparse.Namespace) -> int:
     kept = ""
     if args.only_routes:
         if expected is None or any(ROUTE.name not in e for e in expected):
-            print("bls-perf data: error: --only-routes keeps images by the ROUTE the server answers: give --expect ROUTE",
-                  file=sys.stderr)
+            print("bls-perf data: error: --only-routes keeps images by the ROUTE the server answers: give --expect "
+                  "ROUTE", file=sys.stderr)
             return 2
-        branches, asked, routes = set(args.only_routes.split(",")), len(images), sorted({e[ROUTE.name][0] for e in expected})
+        branches, asked = set(args.only_routes.split(",")), len(images)
+        routes = sorted({e[ROUTE.name][0] for e in expected})
         images, expected = with_routes(images, expected, branches)
         wanted = " or :".join(sorted(branches))
         if not images:
@@ -182,7 +185,8 @@ def perf_analyzer_command(binary: str | None = None) -> list[str]:
     found = shutil.which("perf_analyzer")
     if found is None:
         raise FileNotFoundError("no perf_analyzer: in a checkout, scripts/perf-tools.sh installs it; elsewhere put "
-                                "tritonclient 2.51.0's perf_analyzer on PATH (with libcudart.so.12 and libb64 where it finds them)")
+                                "tritonclient 2.51.0's perf_analyzer on PATH (with libcudart.so.12 and libb64 where it "
+                                "finds them)")
     return [found]
 
 
@@ -199,7 +203,8 @@ class PerfPoint:
 
 
 def run_perf_analyzer(command: list[str], model: str, url: str, protocol: str, input_file: Path, concurrency: int,
-                      window_ms: int, headers: dict[str, str], csv_file: Path, extra: tuple[str, ...] = ()) -> dict[str, float]:
+                      window_ms: int, headers: dict[str, str], csv_file: Path,
+                      extra: tuple[str, ...] = ()) -> dict[str, float]:
     """One closed-loop perf_analyzer point: its CSV row (latencies in µs) as numbers. Raises
     RuntimeError with perf_analyzer's own last lines when it fails (an error answer, an
     answer validation_data does not match, no stable measurement)."""
@@ -209,7 +214,8 @@ def run_perf_analyzer(command: list[str], model: str, url: str, protocol: str, i
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not csv_file.is_file():
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
-        raise RuntimeError(f"perf_analyzer on {model} at concurrency {concurrency} failed (exit {done.returncode}):\n{tail}")
+        raise RuntimeError(f"perf_analyzer on {model} at concurrency {concurrency} failed (exit "
+                           f"{done.returncode}):\n{tail}")
     with open(csv_file, newline="") as f:
         row = next(csv.DictReader(f))
     return {key: float(value) for key, value in row.items() if value not in ("", None)}
@@ -282,7 +288,8 @@ def _compare_main(args: argparse.Namespace) -> int:
         bench_targets.repository_for(targets, args.model_repository, repo)
         models = {t: bench_targets.served_model(t) for t in targets}
         flows = {t for t in targets if is_flow_model(repo / models[t])}
-        server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log", models=tuple(sorted(set(models.values())))))
+        server = TritonServer(ServerOptions.on_free_ports(repo, workdir / "tritonserver.log",
+                                                          models=tuple(sorted(set(models.values())))))
         missing = server.not_loaded(tuple(models.values()))
         if missing:
             print(f"bls-perf compare: error: cannot measure without {missing}", file=sys.stderr)
@@ -318,7 +325,8 @@ def _compare_main(args: argparse.Namespace) -> int:
                         if before is not None:
                             point.flow_answered = _checked_flow(server.metrics_url, models[target], before, target, c)
                     runs.setdefault((tool, target, c), {})[r] = point
-                _write(args, runs, unstable, targets, concurrency)  # after every point: a run cut short keeps its rounds
+                # after every point: a run cut short keeps its rounds
+                _write(args, runs, unstable, targets, concurrency)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(_write(args, runs, unstable, targets, concurrency))
@@ -333,8 +341,9 @@ def _checked_flow(metrics_url: str, model: str, before: dict[str, float], target
     outcome = {code: int(n - before.get(code, 0.0)) for code, n in after.items() if n != before.get(code, 0.0)}
     others = {code: n for code, n in outcome.items() if code != "OK"}
     if others:
-        raise RuntimeError(f"perf_analyzer on {target} at concurrency {concurrency}: {model} answered {outcome.get('OK', 0)} "
-                           f"and finished {others} otherwise ({FLOW_REQUESTS}); Triton's statistics count those as successes")
+        raise RuntimeError(f"perf_analyzer on {target} at concurrency {concurrency}: {model} answered "
+                           f"{outcome.get('OK', 0)} and finished {others} otherwise ({FLOW_REQUESTS}); Triton's "
+                           "statistics count those as successes")
     return outcome.get("OK", 0)
 
 
@@ -345,7 +354,8 @@ def _write(args: argparse.Namespace, runs: dict, unstable: list, targets: list[s
             "perf_analyzer_unstable": unstable}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.json").write_text(json.dumps(
-        {"meta": meta, "runs": {f"{tool} {t} c={c}": {r: asdict(p) for r, p in ps.items()} for (tool, t, c), ps in runs.items()}},
+        {"meta": meta,
+         "runs": {f"{tool} {t} c={c}": {r: asdict(p) for r, p in ps.items()} for (tool, t, c), ps in runs.items()}},
         indent=2))
     report = _report(runs, targets, concurrency)
     (args.out / "compare.md").write_text(report)
@@ -368,8 +378,9 @@ def _report(runs: dict[tuple[str, str, int], dict[int, object]], targets: list[s
             ratio = statistics.median(pa_runs[r].images_per_s / bench_runs[r].images_per_s for r in both)
             answered = [pr.flow_answered for pr in pa_runs.values()]
             flow = "-" if None in answered else str(sum(answered))
-            lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} ({len(both)}) | "
-                         f"{b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} | {flow} |")
+            lines.append(f"| {target} | {c} | {b.images_per_s:.1f} | {p.images_per_s:.1f} | {ratio:.2f} ({len(both)}) "
+                         f"| {b.p50_ms:.0f} / {p.p50_ms:.0f} | {p.server_queue_ms:.1f} / {p.server_compute_ms:.1f} | "
+                         f"{flow} |")
     lines.append("")
     lines.append("Server queue / compute: Triton's statistics per request it counts a success, which for a flow "
                  "(python backend, Triton 2.51) takes in the requests the flow refused. A flow's OK: the requests it "
@@ -390,15 +401,20 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("paths", nargs="+", metavar="FILE_OR_DIR")
     d.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     d.add_argument("--bench-set", action="store_true",
-                   help="bls-bench's images instead of the files as they are: each JPEG cropped to 4:3 at 500x375, and its mirror")
+                   help="bls-bench's images instead of the files as they are: each JPEG cropped to 4:3 at 500x375, and "
+                        "its mirror")
     d.add_argument("--expect", metavar="OUTPUTS",
-                   help="comma-separated fixed-shape outputs (ROUTE; TEXT,REGION_COUNT for read_text) to add as validation_data: "
-                        "what --model at --url answers for each image now; perf_analyzer then fails on any other answer")
-    d.add_argument("--request-parameter", type=request_parameter, action="append", default=[], metavar="NAME:VALUE:TYPE",
-                   help="with --expect: a request parameter to ask with, as perf_analyzer will send it (skip_cascade:true:bool)")
+                   help="comma-separated fixed-shape outputs (ROUTE; TEXT,REGION_COUNT for read_text) to add as "
+                        "validation_data: what --model at --url answers for each image now; perf_analyzer then fails "
+                        "on any other answer")
+    d.add_argument("--request-parameter", type=request_parameter, action="append", default=[],
+                   metavar="NAME:VALUE:TYPE",
+                   help="with --expect: a request parameter to ask with, as perf_analyzer will send it "
+                        "(skip_cascade:true:bool)")
     d.add_argument("--only-routes", metavar="BRANCHES",
-                   help="with --expect ROUTE: keep only the images whose ROUTE now ends in one of these comma-separated "
-                        "branches (confident: answers no load changes; an escalated image may come back degraded under load)")
+                   help="with --expect ROUTE: keep only the images whose ROUTE now ends in one of these "
+                        "comma-separated branches (confident: answers no load changes; an escalated image may come "
+                        "back degraded under load)")
     d.add_argument("--model", default="classify_bls", help="with --expect: the model to ask")
     d.add_argument("--url", help="with --expect: the server (default 127.0.0.1:8001 for grpc, :8000 for http)")
     d.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
@@ -407,18 +423,22 @@ def main(argv: list[str] | None = None) -> int:
                                    "concurrency with bls-bench's client and with perf_analyzer (closed loop), rounds "
                                    "interleaved; write compare.json and compare.md.")
     c.add_argument("--targets", default="cascade@0.5,classify_bls,ensemble_resnet50",
-                   help="bls-bench's target names fed images (cascade@0.5, classify_bls, ensemble_resnet50, classify_peer@MODEL, ...)")
+                   help="bls-bench's target names fed images (cascade@0.5, classify_bls, ensemble_resnet50, "
+                        "classify_peer@MODEL, ...)")
     c.add_argument("--concurrency", default="1,8")
     c.add_argument("--duration", type=float, default=8.0,
-                   help="bls-bench's measured seconds per point, and each perf_analyzer window (it needs 3 stable ones)")
+                   help="bls-bench's measured seconds per point, and each perf_analyzer window (it needs 3 stable "
+                        "ones)")
     c.add_argument("--warmup", type=float, default=2.0, help="bls-bench's seconds before measuring")
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--stability", type=float, default=25.0,
                    help="perf_analyzer's --stability-percentage (10 by default there: rarely met on a shared machine)")
     c.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     c.add_argument("--model-repository", type=Path, default=default_models())
-    c.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (bls-bench's set is made from them)")
-    c.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: through scripts/perf-tools.sh, else PATH)")
+    c.add_argument("--images", type=Path, default=default_samples(),
+                   help="folder of JPEG photos (bls-bench's set is made from them)")
+    c.add_argument("--perf-analyzer",
+                   help="the perf_analyzer binary (default: through scripts/perf-tools.sh, else PATH)")
     c.add_argument("--out", type=Path, default=(checkout() or Path(".")) / "bench_results" / "perf")
     args = p.parse_args(argv)
     if args.command == "data":

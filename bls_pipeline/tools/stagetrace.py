@@ -62,7 +62,8 @@ def install(trace_dir: str, model: str) -> None:
     global _out, _model
     from ..runtime import hooks
 
-    _out = open(Path(trace_dir) / f"{os.getpid()}.txt", "a", buffering=1 << 16)  # noqa: SIM115 - lives as long as the stub
+    # noqa: SIM115 - lives as long as the stub
+    _out = open(Path(trace_dir) / f"{os.getpid()}.txt", "a", buffering=1 << 16)
     _model = model
     hooks.listen(lambda name, edge: _stamp(f"{name} {edge}"))
 
@@ -148,7 +149,8 @@ def _match(windows: list[tuple[str, int, int]], events: list[tuple[int, str]]) -
 
 def segments(requests: list[dict[str, int]]) -> list[tuple[str, str, float]]:
     """(from, to, median ms) between consecutive stamps, in the order they happen."""
-    names = sorted({n for r in requests for n in r}, key=lambda n: statistics.median(r[n] - r[SEND] for r in requests if n in r))
+    names = sorted({n for r in requests for n in r},
+                   key=lambda n: statistics.median(r[n] - r[SEND] for r in requests if n in r))
     return [(a, b, statistics.median((r[b] - r[a]) / 1e6 for r in requests if a in r and b in r))
             for a, b in zip(names, names[1:])]
 
@@ -158,7 +160,8 @@ def report(traces: dict[str, list[dict[str, int]]]) -> str:
     totals = {}
     for path, requests in traces.items():
         totals[path] = statistics.median((r[RECEIPT] - r[SEND]) / 1e6 for r in requests)
-        lines += [f"{path} ({PATHS[path]}), {len(requests)} requests:", "", "| from | to | ms (p50) |", "|---|---|---:|"]
+        lines += [f"{path} ({PATHS[path]}), {len(requests)} requests:", "", "| from | to | ms (p50) |",
+                  "|---|---|---:|"]
         lines += [f"| {a} | {b} | {ms:.3f} |" for a, b, ms in segments(requests)]
         lines += [f"| {SEND} | {RECEIPT} (total) | {totals[path]:.3f} |", ""]
     lines.append(f"classify_bls - direct, p50 totals: {totals['classify_bls'] - totals['direct']:.3f} ms")
@@ -174,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=30, help="requests per path before measuring")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--model-repository", type=Path, default=default_models(),
-                   help="default: ./models or the checkout's; its resnet50_onnx needs an exported model.onnx (random weights will do)")
-    p.add_argument("--images", type=Path, default=default_samples(), help="folder of JPEG photos (default: the checkout's samples/)")
+                   help="default: ./models or the checkout's; its resnet50_onnx needs an exported model.onnx (random "
+                        "weights will do)")
+    p.add_argument("--images", type=Path, default=default_samples(),
+                   help="folder of JPEG photos (default: the checkout's samples/)")
     args = p.parse_args(argv)
     if args.model_repository is None or args.images is None:
         p.error("give --model-repository DIR and --images DIR (no checkout's models/ and samples/ here)")

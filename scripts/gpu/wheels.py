@@ -36,7 +36,8 @@ def _is_elf(data: bytes) -> bool:
 
 def trim(wheel: Path, python: str, out: Path) -> Path:
     source = zipfile.ZipFile(wheel)
-    infos = [i for i in source.infolist() if not (STUBS.search(i.filename) and STUBS.search(i.filename).group(1) != python)]
+    infos = [i for i in source.infolist()
+             if not (STUBS.search(i.filename) and STUBS.search(i.filename).group(1) != python)]
     if not any(STUBS.search(i.filename) for i in infos):
         raise SystemExit(f"{wheel.name} has no python backend stub for Python {python}")
     libs = {Path(i.filename).name: i for i in infos if "nvidia_pytriton.libs/" in i.filename and not i.is_dir()}
@@ -78,8 +79,9 @@ def trim(wheel: Path, python: str, out: Path) -> Path:
             dst.writestr(clone, data)
     gone = sorted({i.filename for i in source.infolist()} - kept_names)
     print(f"{target.name}: kept {len(keep)} files for Python {python}, dropped {len(gone)}: "
-          f"{', '.join(sorted({STUBS.search(g).group(1) for g in gone if STUBS.search(g)}))} stubs and {', '.join(dropped) or 'no library'}; "
-          f"{wheel.stat().st_size / 1e6:.1f} -> {target.stat().st_size / 1e6:.1f} MB")
+          f"{', '.join(sorted({STUBS.search(g).group(1) for g in gone if STUBS.search(g)}))} stubs and "
+          f"{', '.join(dropped) or 'no library'}; {wheel.stat().st_size / 1e6:.1f} -> "
+          f"{target.stat().st_size / 1e6:.1f} MB")
     return target
 
 

@@ -25,7 +25,8 @@ def device():
 
 
 def _steps(a, b, spec=PreprocessSpec()):
-    return np.abs(a.astype(np.float32) - b.astype(np.float32)) * np.asarray(spec.std, np.float32).reshape(-1, 1, 1) / spec.scale
+    return (np.abs(a.astype(np.float32) - b.astype(np.float32)) * np.asarray(spec.std, np.float32).reshape(-1, 1, 1)
+            / spec.scale)
 
 
 def test_nvjpeg_decodes_as_libjpeg_does_within_torchvisions_own_bound(sample_images):
@@ -45,7 +46,8 @@ def test_a_full_size_photo_matches_the_cpu_paths_full_decode(device, shared_mug)
     got = device.to_host(device.decode([[shared_mug]], FULL, spec, False).batch)
     want = HostDevice().decode([[shared_mug]], FULL, spec, False).batch
     steps = _steps(want, got)
-    print(f"12 MP mug: mean {steps.mean():.3f} steps, 99.9th percentile {np.percentile(steps, 99.9):.2f}, max {steps.max():.1f}")
+    print(f"12 MP mug: mean {steps.mean():.3f} steps, 99.9th percentile {np.percentile(steps, 99.9):.2f}, max "
+          f"{steps.max():.1f}")
     assert steps.mean() <= 1.0 and np.percentile(steps, 99.9) <= 8.0
 
 

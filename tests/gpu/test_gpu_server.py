@@ -23,18 +23,21 @@ def gpu_server(resnet50_artifacts, tmp_path_factory, repo_root):
 
     base = tmp_path_factory.mktemp("gpu_repo")
     src = base / "src"
-    shutil.copytree(repo_root / "models", src, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.pt", "*.plan", "*.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", src, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.pt", "*.plan", "*.json", "__pycache__"))
     for kind, model in (("onnx", "resnet50_onnx"), ("torch", "resnet50_torch")):
         artifact = resnet50_artifacts[kind]
         if artifact is None:  # no ONNX here: resnet50_onnx stays out (the GPU flows do not call it)
             continue
-        files = artifact_files(artifact) if kind == "onnx" else (artifact, artifact.with_suffix(artifact.suffix + ".json"))
+        files = (artifact_files(artifact) if kind == "onnx"
+                 else (artifact, artifact.with_suffix(artifact.suffix + ".json")))
         for path in files:  # the ONNX with its external data (model.onnx.data) and stamp
             shutil.copy(path, src / model / "1" / path.name)
     gpubench_serve.gpu_repository(src, base / "models", gpu=True)
     log = base / "tritonserver.log"
     server = TritonServer(ServerOptions.on_free_ports(base / "models", log, startup_timeout_s=300,
-                                                      models=(gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW, "resnet50_torch", "resnet50_onnx")))
+                                                      models=(gpubench_results.GPU_FLOW, gpubench_results.CPU_FLOW,
+                                                              "resnet50_torch", "resnet50_onnx")))
     server.start()
     server.test_log = log
     yield server
@@ -60,10 +63,12 @@ def test_the_gpu_flow_answers_as_the_cpu_flow(gpu_server, sample_images, repo_ro
     images["blank.png"] = (repo_root / "samples" / "blank.png").read_bytes()  # decoded on the CPU, then on the GPU
     agree = 0
     for name, data in images.items():
-        on_gpu, on_cpu = _classify(gpu_server, gpubench_results.GPU_FLOW, data), _classify(gpu_server, gpubench_results.CPU_FLOW, data)
+        on_gpu = _classify(gpu_server, gpubench_results.GPU_FLOW, data)
+        on_cpu = _classify(gpu_server, gpubench_results.CPU_FLOW, data)
         assert on_gpu["ROUTE"][0, 0] == b"resnet50_torch:direct" == on_cpu["ROUTE"][0, 0]
         agree += int(on_gpu["CLASS_IDS"][0, 0] == on_cpu["CLASS_IDS"][0, 0])
-        print(f"{name}: GPU {on_gpu['CLASS_IDS'][0, :3]} {on_gpu['SCORES'][0, :3]}, CPU {on_cpu['CLASS_IDS'][0, :3]} {on_cpu['SCORES'][0, :3]}")
+        print(f"{name}: GPU {on_gpu['CLASS_IDS'][0, :3]} {on_gpu['SCORES'][0, :3]}, CPU {on_cpu['CLASS_IDS'][0, :3]} "
+              f"{on_cpu['SCORES'][0, :3]}")
     # Random weights and pixels a step or two apart: a near tie may flip, not more than one.
     assert agree >= len(images) - 1
 
@@ -111,6 +116,7 @@ def test_resnet50_torch_over_grpc_matches_onnxruntime(gpu_server, sample_images,
     client.close()
     want = onnx_reference.run(["output"], {"input": x})[0]
     scale = max(1.0, float(np.abs(want).max()))
-    print(f"resnet50_torch (fp16) vs onnxruntime (fp32): max abs diff {np.abs(got - want).max():.4f} at scale {scale:.1f}")
+    print(f"resnet50_torch (fp16) vs onnxruntime (fp32): max abs diff {np.abs(got - want).max():.4f} at scale "
+          f"{scale:.1f}")
     assert np.abs(got - want).max() <= 2e-2 * scale
     assert np.array_equal(got.argmax(1), want.argmax(1))

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 
 # efficientnet_lite0 first: with pytest-xdist's workers, this one exports it while the
 # session server's worker exports resnet50 (tests/conftest.py: once_per_run).
-def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effnet_onnx_model, onnx_model, place_exports):
+def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effnet_onnx_model, onnx_model,
+                                                      place_exports):
     work, out = tmp_path / "work", tmp_path / "out"
     # the session's exports: two fewer to make
     place_exports(work / "models", {"resnet50_onnx": onnx_model, "efficientnet_lite0_onnx": effnet_onnx_model})
@@ -29,7 +30,8 @@ def test_the_gpu_script_runs_every_step_without_a_gpu(repo_root, tmp_path, effne
     kept = {line.split("/models/")[-1] for line in log.splitlines() if line.startswith("have ")}
     assert kept == {"resnet50_onnx/1/model.onnx", "efficientnet_lite0_onnx/1/model.onnx"}, kept  # the given exports
     assert "skipped" in results["tests"]["summary"]  # without a GPU, every GPU test says why it skipped
-    assert results["decode"]["rows"][0]["batch"] == 16 and results["decode"]["parity_full_decode"]["max_steps"] <= 1.0 + 1e-3
+    assert (results["decode"]["rows"][0]["batch"] == 16
+            and results["decode"]["parity_full_decode"]["max_steps"] <= 1.0 + 1e-3)
     serve = results["serve"]
     assert {p["target"] for p in serve["points"]} == {"classify_bls_gpu", "resnet50_torch", "classify_bls_cpu"}
     failed = [p for p in serve["points"] if p["errors"] or not p["images_per_s"]]

@@ -29,7 +29,8 @@ def test_plan_matches_onnxruntime(onnx_model, tmp_path, fp16, tol):
     context.set_tensor_address(contract.CLASSIFIER_OUTPUT.name, y_gpu.data_ptr())
     assert context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    expected = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"]).run(["output"], {"input": x})[0]
+    session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
+    expected = session.run(["output"], {"input": x})[0]
     got = y_gpu.cpu().numpy()
     assert np.array_equal(got.argmax(1), expected.argmax(1))
     assert np.abs(got - expected).max() <= tol * max(1.0, np.abs(expected).max())

@@ -22,7 +22,8 @@ def reference(onnx_reference, batch):
     return onnx_reference.run(["output"], {"input": batch})[0]
 
 
-@pytest.mark.parametrize("settings", [TorchSettings(), TorchSettings(precision="fp32"), TorchSettings(cuda_graphs=True)],
+@pytest.mark.parametrize("settings",
+                         [TorchSettings(), TorchSettings(precision="fp32"), TorchSettings(cuda_graphs=True)],
                          ids=["fp16", "fp32", "fp16+cuda_graphs"])
 def test_the_gpu_classifier_matches_onnxruntime(resnet50_artifacts, batch, reference, settings):
     model = TorchClassifier(resnet50_artifacts["torch"], settings, "cuda:0", max_batch_size=4)  # 5 rows: two chunks

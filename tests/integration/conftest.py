@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 def _copy_repo(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
+    shutil.copytree(src, dst,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
                                                           "*.xml.json", "__pycache__"))  # no engine built here
 
 
@@ -80,7 +81,8 @@ def model_repo(tmp_path_factory, repo_root, onnx_model, effnet_onnx_model, place
              instances=1, queue_delay_us=100_000)
     _status_models(repo)
     # One instance that waits 0.3 s for a batch and logs each execute(): the tracing test.
-    _variant(repo, "classify_bls", "classify_bls_traced", {"cascade_classifiers": "none", "classifiers": "resnet50_onnx",
+    _variant(repo, "classify_bls", "classify_bls_traced",
+             {"cascade_classifiers": "none", "classifiers": "resnet50_onnx",
                                                             "tta_threshold": "0", "log_executions": "true"},
              instances=1, queue_delay_us=300_000)
     return repo
@@ -116,8 +118,8 @@ def flow(batch: Batch, settings: RaisingSettings) -> Answer:
 
 def _status_models(repo: Path) -> None:
     """Two python classifiers that break their contract (a wrong output shape, a wrong dtype),
-    a flow on each, a cascade escalating to the first, a flow whose only classifier is never loaded here, a flow that raises,
-    and read_text allowing one region per image."""
+    a flow on each, a cascade escalating to the first, a flow whose only classifier is never
+    loaded here, a flow that raises, and read_text allowing one region per image."""
     for name, fn in (("broken_shape", "wrong_shape"), ("broken_dtype", "wrong_dtype")):
         folder = repo / name
         (folder / "1").mkdir(parents=True)
@@ -132,13 +134,16 @@ def _status_models(repo: Path) -> None:
             f'parameters {{ key: "function", value: {{ string_value: "broken.py:{fn}" }} }}\n')
         _variant(repo, "classify_bls", f"classify_bls_{name}", {"cascade_classifiers": "none", "classifiers": name,
                                                                   "tta_threshold": "0"}, instances=1)
-    _variant(repo, "classify_bls", "classify_bls_unready", {"cascade_classifiers": "none", "classifiers": "resnet50_trt"},
+    _variant(repo, "classify_bls", "classify_bls_unready",
+             {"cascade_classifiers": "none", "classifiers": "resnet50_trt"},
              instances=1)
     # The cascade whose main classifier (broken_shape) breaks its contract: one instance that
     # waits 0.3 s for a batch, so concurrent requests share an execute(); the cat photo
     # escalates to it, the espresso does not.
-    _variant(repo, "classify_bls", "classify_bls_cascade_broken", {"classifiers": "broken_shape", "cascade_threshold": "0.5",
-                                                                    "tta_threshold": "0"}, instances=1, queue_delay_us=300_000)
+    _variant(repo, "classify_bls", "classify_bls_cascade_broken",
+             {"classifiers": "broken_shape", "cascade_threshold": "0.5",
+                                                                    "tta_threshold": "0"}, instances=1,
+             queue_delay_us=300_000)
     _variant(repo, "classify_bls", "raising_flow", {"classifiers": "resnet50_onnx"}, instances=1)
     (repo / "raising_flow" / "1" / "flow.py").write_text(_RAISING_FLOW)
     _variant(repo, "read_text", "read_text_one_region", {"max_regions_per_image": "1"})
@@ -191,7 +196,8 @@ REGION = "us-east-1"
 def _moto_server() -> Path:
     path = Path(sys.executable).parent / "moto_server"
     if not path.exists():
-        pytest.fail(f"{path} is missing: install the test extra (pip install 'bls-pipeline[test]'; scripts/setup.sh does)")
+        pytest.fail(f"{path} is missing: install the test extra (pip install 'bls-pipeline[test]'; scripts/setup.sh "
+                    "does)")
     return path
 
 
@@ -204,8 +210,8 @@ def s3_endpoint(tmp_path_factory):
 
     port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-    proc = subprocess.Popen([str(_moto_server()), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"})
+    proc = subprocess.Popen([str(_moto_server()), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"})
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -41,7 +41,8 @@ def shipped(model_repo, tmp_path_factory, server_factory):
 
 def _burn(seconds: float) -> subprocess.Popen:
     """A CPU-bound process beside the server: a busy machine."""
-    return subprocess.Popen([sys.executable, "-c", f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"])
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"])
 
 
 def _heavy_jpeg() -> bytes:
@@ -94,7 +95,8 @@ def test_a_closed_loop_of_16_with_heavy_images_on_a_busy_machine_is_never_refuse
             b.kill()
             b.wait()
     failed = [o for o in outcomes if o != "ok"]
-    print(f"closed loop of 16 with heavy images beside two busy processes: {len(outcomes)} requests, {len(failed)} failed")
+    print(f"closed loop of 16 with heavy images beside two busy processes: {len(outcomes)} requests, {len(failed)} "
+          "failed")
     assert outcomes and not failed, failed[:5]
 
 

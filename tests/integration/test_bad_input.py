@@ -120,15 +120,19 @@ def _invalid_cases(limits: RuntimeSettings) -> dict[str, ImageCase]:
     not_an_image = r"^not a decodable image \(allowed formats: [A-Z, ]*\bPNG\b"
     return {
         "empty": ImageCase((b"",), r"^empty image payload \(0 bytes\)$"),
-        "random-bytes": ImageCase((np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes(),), not_an_image),
+        "random-bytes": ImageCase((np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes(),),
+                                  not_an_image),
         "html": ImageCase((b"<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>",), not_an_image),
         "svg": ImageCase((b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="64" height="64">'
                           b'<circle cx="32" cy="32" r="20" fill="red"/></svg>',), not_an_image),
-        "truncated-jpeg": ImageCase((truncated[: len(truncated) // 2],), r"^cannot decode JPEG image: image file is truncated"),
+        "truncated-jpeg": ImageCase((truncated[: len(truncated) // 2],),
+                                    r"^cannot decode JPEG image: image file is truncated"),
         "png-bad-crc": ImageCase((bytes(bad_crc),), r"^cannot read PNG header: .*checksum.*IHDR"),
         # A chunk name holding '/': Pillow quotes it; the client must not get its bytes back.
-        "png-bad-chunk-name": ImageCase((sig + struct.pack(">I", 13) + b"IH/R" + bytes(17),), r"^cannot read PNG header: broken PNG file"),
-        "bomb-50000x50000": ImageCase((_png_claiming_size(50_000, 50_000),), rf"^image declares more than {limits.decode.max_pixels} pixels"),
+        "png-bad-chunk-name": ImageCase((sig + struct.pack(">I", 13) + b"IH/R" + bytes(17),),
+                                        r"^cannot read PNG header: broken PNG file"),
+        "bomb-50000x50000": ImageCase((_png_claiming_size(50_000, 50_000),),
+                                      rf"^image declares more than {limits.decode.max_pixels} pixels"),
         "over-max-pixels": ImageCase(
             (_png_claiming_size(side, side),),
             rf"^image is {side}x{side} = {side * side} pixels, over the {limits.decode.max_pixels}-pixel limit"),
@@ -146,7 +150,8 @@ def _valid_cases() -> dict[str, ImageCase]:
     thirds = np.empty((20_000, 1, 3), np.uint8)
     thirds[:6_667], thirds[6_667:13_334], thirds[13_334:] = (220, 30, 30), (20, 160, 150), (30, 30, 220)
     for name, pixels in (("sliver-1x20000", thirds), ("sliver-20000x1", thirds.transpose(1, 0, 2))):
-        cases[name] = ImageCase((_png(np.ascontiguousarray(pixels)),), like=_solid((20, 160, 150)), unlike=_solid((220, 30, 30)))
+        cases[name] = ImageCase((_png(np.ascontiguousarray(pixels)),), like=_solid((20, 160, 150)),
+                                unlike=_solid((220, 30, 30)))
 
     grey = np.asarray(scene.convert("L"))
     cases["grey-16bit-png"] = ImageCase(
@@ -233,10 +238,13 @@ def _raw_cases() -> dict[str, RawCase]:
         "image-as-int32": RawCase(image("INT32", [1, 1], np.array([[1]], np.int32)), wrong_type.format("INT32")),
         "image-as-fp32": RawCase(image("FP32", [1, 1], np.array([[1.0]], np.float32)), wrong_type.format("FP32")),
         "image-shape-1x2": RawCase(image("BYTES", [1, 2], np.array([[b"a", b"b"]], dtype=object)),
-                                   r"unexpected shape for input 'IMAGE' for model 'classify_bls'\. Expected \[-1,1\], got \[1,2\]"),
+                                   r"unexpected shape for input 'IMAGE' for model 'classify_bls'\. Expected \[-1,1\], "
+                                   r"got \[1,2\]"),
         "batch-of-65": RawCase(image("BYTES", [65, 1], np.full((65, 1), b"x", dtype=object)),
                                r"batch-size must be <= 64 for 'classify_bls'"),
-        "topk-as-fp32": RawCase(fp32_topk, r"inference input 'TOPK' data-type is 'FP32', but model 'classify_bls' expects 'INT32'"),
+        "topk-as-fp32": RawCase(fp32_topk,
+                                r"inference input 'TOPK' data-type is 'FP32', but model 'classify_bls' expects "
+                                r"'INT32'"),
         # Triton checks the number of inputs, not their names: a request with only the
         # optional TOPK reaches the model, which must refuse it itself.
         "missing-image": RawCase(topk_only, r"^IMAGE\b"),
@@ -326,7 +334,8 @@ def _assert_like(result, case: ImageCase, reference) -> None:
 def limits(server) -> RuntimeSettings:
     """classify_bls's effective settings, read from the config.pbtxt the server loaded."""
     model_dir = Path(server.options.model_repository) / BLS_MODEL
-    runtime, _ = parse_settings(string_parameters(parse_config(model_dir)), load_flow(model_dir / "1" / "flow.py").settings, BLS_MODEL)
+    runtime, _ = parse_settings(string_parameters(parse_config(model_dir)),
+                                load_flow(model_dir / "1" / "flow.py").settings, BLS_MODEL)
     return runtime
 
 

@@ -28,13 +28,14 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
     for name in CASCADE_PHOTOS:
         shutil.copy(repo_root / "samples" / f"{name}.jpg", images)
     out = tmp_path / "bench"
-    code = bench.main(["--url", server.grpc_url, "--protocol", "grpc", "--concurrency", "1,2", "--duration", "1.5", "--warmup", "0.5",
-                       "--model-repository", str(model_repo), "--images", str(images),
+    code = bench.main(["--url", server.grpc_url, "--protocol", "grpc", "--concurrency", "1,2", "--duration", "1.5",
+                       "--warmup", "0.5", "--model-repository", str(model_repo), "--images", str(images),
                        "--targets", "classifier,classify_bls,ensemble_resnet50,cascade@0.5", "--out", str(out)])
     assert code == 0
     report = json.loads((out / "bench.json").read_text())
     points = {(p["target"], p["concurrency"]): p for p in report["points"]}
-    assert set(points) == {(t, c) for t in ("classifier", "classify_bls", "ensemble_resnet50", "cascade@0.5") for c in (1, 2)}
+    assert (set(points)
+            == {(t, c) for t in ("classifier", "classify_bls", "ensemble_resnet50", "cascade@0.5") for c in (1, 2)})
     for p in points.values():
         assert p["errors"] == 0 and p["refused_by"] == {} and p["images_per_s"] > 0 and p["p50_ms"] <= p["p99_ms"]
     # Each client cycles through the photos in order (each then its mirror: E E N N N N), so
@@ -50,7 +51,8 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
         n = point["requests"]
         assert n > 4 * c, f"too few requests at concurrency {c} to check the escalated count: {n}"
         unsure = round((point["escalated_fraction"] + (point["degraded_fraction"] or 0)) * n)
-        assert abs(unsure - share * n) <= Fraction(4, 3) * c, f"{unsure} of {n} unsure at concurrency {c}; expected about {float(share * n):.1f}"
+        assert (abs(unsure - share * n) <= Fraction(4, 3) * c), (f"{unsure} of {n} unsure at concurrency {c}; expected "
+                                                                 f"about {float(share * n):.1f}")
     assert points["classify_bls", 1]["escalated_fraction"] is None
     assert "classify_bls / classifier images/s" in " ".join(report["meta"]["ratios"])
     assert (out / "bench.png").stat().st_size > 10_000
@@ -61,7 +63,8 @@ def test_bench_smoke(server, model_repo, repo_root, tmp_path):
 
 def test_bench_names_a_missing_model_before_it_starts(tmp_path, repo_root, capsys):
     repo = tmp_path / "models"
-    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", repo,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
     with pytest.raises(SystemExit) as exc:
         bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0", "--model-repository", str(repo),
                     "--targets", "classifier,classify_bls", "--out", str(tmp_path / "out")])
@@ -82,7 +85,8 @@ def test_the_one_model_peer_answers_beside_classify_bls_on_the_same_engine(model
     engine = "efficientnet_lite0_onnx"
     targets = f"classify_bls@{engine},classify_peer@{engine}"
     # over HTTP: the sweep's other protocol (test_bench_smoke runs gRPC)
-    assert bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0.5", "--model-repository", str(model_repo),
+    assert bench.main(["--concurrency", "1", "--duration", "1", "--warmup", "0.5", "--model-repository",
+                       str(model_repo),
                        "--images", str(images), "--targets", targets, "--protocol", "http", "--out", str(out)]) == 0
     report = json.loads((out / "bench.json").read_text())
     points = {p["target"]: p for p in report["points"]}
@@ -101,8 +105,10 @@ def test_the_overload_mode_measures_a_spike_per_factor_and_the_stop_after_it(mod
     shutil.copy(repo_root / "samples" / "mug.jpg", images)
     out = tmp_path / "overload"
     ports = [free_port() for _ in range(3)]
-    assert bench.main(["--overload", "--targets", "classify_bls_default", "--protocols", "grpc", "--clients", "deadline",
-                       "--factor", "2,4", "--capacity-duration", "2", "--spike", "3", "--recovery", "1.5", "--warmup", "0.5",
+    assert bench.main(["--overload", "--targets", "classify_bls_default", "--protocols", "grpc", "--clients",
+                       "deadline",
+                       "--factor", "2,4", "--capacity-duration", "2", "--spike", "3", "--recovery", "1.5", "--warmup",
+                       "0.5",
                        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
                        "--model-repository", str(model_repo), "--images", str(images), "--out", str(out)]) == 0
     report = json.loads((out / "overload.json").read_text())
@@ -110,17 +116,19 @@ def test_the_overload_mode_measures_a_spike_per_factor_and_the_stop_after_it(mod
                                            "metrics": f"http://127.0.0.1:{ports[2]}/metrics"}
     assert [r["factor"] for r in report["results"]] == [2.0, 4.0]
     for result in report["results"]:
-        assert (result["target"], result["protocol"], result["errors"]) == ("classify_bls_default", "grpc", 0), result["error_samples"]
+        assert ((result["target"], result["protocol"], result["errors"])
+                == ("classify_bls_default", "grpc", 0)), result["error_samples"]
         assert result["timeout_parameter"] is False and 0 <= result["refused_by_queue"] <= result["refused"]
         assert sum(result["refused_by"].values()) == result["refused"]
         assert result["capacity_images_per_s"] > 0 and result["clients"] >= 2
-        assert result["clients"] == pytest.approx(max(9, result["factor"] * result["capacity_images_per_s"] * 0.5), abs=1)
+        assert (result["clients"]
+                == pytest.approx(max(9, result["factor"] * result["capacity_images_per_s"] * 0.5), abs=1))
         assert result["finished_counted_by"] == 'bls_requests_total{code=~"OK|GONE"}'
         assert result["finished"] > 0 and 0 <= result["finished_for_gone"] <= result["finished"]
         assert 0 < result["in_time_per_s"] and result["goodput_ratio"] == pytest.approx(
             result["in_time_per_s"] / result["capacity_images_per_s"], rel=0.01)
-        print(f"\noverload at {result['factor']:g}x: {result['clients']} clients, goodput {result['goodput_ratio']:.2f}x, "
-              f"{result['refused']} refused")
+        print(f"\noverload at {result['factor']:g}x: {result['clients']} clients, goodput "
+              f"{result['goodput_ratio']:.2f}x, {result['refused']} refused")
     stop = report["meta"]["stop"]
     print(f"stop {stop['seconds']} s, drained {stop['drained']}")
     # Always a full drain: tritonserver exits 0, or Triton 2.51 kept a model from unloading with
@@ -128,8 +136,10 @@ def test_the_overload_mode_measures_a_spike_per_factor_and_the_stop_after_it(mod
     # drain (docs/reliability.md, "Stopping bls-serve"): the report says which.
     assert (stop["exit_code"], stop["drained"]) in ((0, True), (-9, True)), stop
     table = (out / "overload.md").read_text()
-    assert "| classify_bls_default | grpc, deadline only | 2 |" in table and "| classify_bls_default | grpc, deadline only | 4 |" in table
-    assert f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code {stop['exit_code']}" in table
+    assert ("| classify_bls_default | grpc, deadline only | 2 |" in table
+            and "| classify_bls_default | grpc, deadline only | 4 |" in table)
+    assert (f"The server's stop after the runs (drain, then SIGTERM): {stop['seconds']:.1f} s, tritonserver exit code "
+            f"{stop['exit_code']}" in table)
 
 
 def test_the_open_loop_counts_what_a_running_servers_flow_answered(server, repo_root, model_repo, tmp_path):
@@ -145,15 +155,17 @@ def test_the_open_loop_counts_what_a_running_servers_flow_answered(server, repo_
     out = tmp_path / "open"
     opts = server.options
     assert bench.main(["--open-loop", "0.3", "--targets", "classify_bls", "--protocols", "http", "--host", "127.0.0.1",
-                       "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port), "--metrics-port", str(opts.metrics_port),
-                       "--image-size", "original", "--heavy-images", "1", "--capacity-clients", "2", "--capacity-duration", "1.5",
-                       "--duration", "2", "--warmup", "0.5", "--model-repository", str(model_repo), "--images", str(images),
-                       "--out", str(out)]) == 0
+                       "--http-port", str(opts.http_port), "--grpc-port", str(opts.grpc_port), "--metrics-port",
+                       str(opts.metrics_port),
+                       "--image-size", "original", "--heavy-images", "1", "--capacity-clients", "2",
+                       "--capacity-duration", "1.5",
+                       "--duration", "2", "--warmup", "0.5", "--model-repository", str(model_repo), "--images",
+                       str(images), "--out", str(out)]) == 0
     report = json.loads((out / "openloop.json").read_text())
     (row,) = report["results"]
     print(f"\nopen loop at 0.3x of {row['capacity_per_s']:.1f}/s: {row['sent']} sent, {row['answered']} answered, "
-          f"{row['errors']} errors, {row['refused']} refused, {row['deadlines_passed']} gone; finished {row['finished']}; "
-          f"{row['late_sends']} sent late")
+          f"{row['errors']} errors, {row['refused']} refused, {row['deadlines_passed']} gone; finished "
+          f"{row['finished']}; {row['late_sends']} sent late")
     assert (row["target"], row["protocol"], row["load"], row["deadline_s"]) == ("classify_bls", "http", 0.3, 2.0)
     assert row["sent"] == row["answered"] + row["refused"] + row["deadlines_passed"] + row["errors"]
     assert row["answered"] > 0 and row["errors"] > 0, row["error_samples"]  # the no-image file: a 400 each
@@ -162,7 +174,8 @@ def test_the_open_loop_counts_what_a_running_servers_flow_answered(server, repo_
     # the flow's count: its answers, not its 400s (Triton's success count has both)
     assert row["answered"] <= row["finished"] <= row["answered"] + row["deadlines_passed"]
     notes = report["meta"]["image_notes"]
-    assert notes[0] == "broken.jpg: 0 KB, not an image Pillow reads: sent as given" and notes[1].startswith("mug.jpg: 800x600 JPEG")
+    assert (notes[0] == "broken.jpg: 0 KB, not an image Pillow reads: sent as given"
+            and notes[1].startswith("mug.jpg: 800x600 JPEG"))
     assert notes[2].startswith("heavy 1: 4000x3000 JPEG")
     table = (out / "openloop.md").read_text()
     assert "| classify_bls | http, deadline only | 0.3x |" in table and "as given (--image-size original)" in table

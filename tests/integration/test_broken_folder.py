@@ -50,8 +50,8 @@ def repo(repo_root, onnx_model, effnet_onnx_model, place_exports, tmp_path_facto
 def _bls_serve(repo: Path, temp: Path, ports: list[int], *args: str) -> subprocess.Popen:
     temp.mkdir(exist_ok=True)
     return subprocess.Popen([str(Path(sys.executable).parent / "bls-serve"), "--model-repository", str(repo),
-                             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-                             "--status-port", str(ports[3]), "--watchdog-interval", "0", *args],
+                             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
+                             str(ports[2]), "--status-port", str(ports[3]), "--watchdog-interval", "0", *args],
                             env={**os.environ, "TMPDIR": str(temp)},  # where its bls-triton-* folder goes
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -96,9 +96,10 @@ def test_the_rest_serve_the_file_is_named_in_one_line_and_no_temporary_folder_is
     try:
         text = _until_serving(proc)
         assert "Traceback" not in text, text
-        assert re.search(rf"^Serving .*\bclassify_bls\b", text, re.M), text
+        assert re.search(r"^Serving .*\bclassify_bls\b", text, re.M), text
         logged = [ln for ln in text.splitlines() if str(path) in ln and "FAILED to load" in ln and "ERROR" in ln]
-        assert len(logged) == 1 and logged[0].endswith(f"{BROKEN} FAILED to load, serving the others without it: {why}"), text
+        assert (len(logged) == 1
+                and logged[0].endswith(f"{BROKEN} FAILED to load, serving the others without it: {why}")), text
         assert f"  FAILED to load: {BROKEN} ({why})" in text
         labels = _classify(ports[0], sample_images["mug"])
         assert labels.shape[0] == 1 and labels[0][0]  # a real answer, with a label

@@ -111,7 +111,9 @@ def test_good_and_bad_requests_in_one_batch(server, protocol, sample_images):
     for images, res in zip(payloads, results):
         if bad in images:
             assert isinstance(res, InferenceServerException)
-            assert res.message() == f"IMAGE[{images.index(bad)}]: not a decodable image (allowed formats: JPEG, PNG, WEBP, BMP, GIF, TIFF)"
+            assert (res.message()
+                    == f"IMAGE[{images.index(bad)}]: not a decodable image (allowed formats: JPEG, PNG, WEBP, BMP, "
+                       "GIF, TIFF)")
         else:
             assert not isinstance(res, Exception), res
             assert res["CLASS_IDS"].shape == (len(images), 2)
@@ -171,7 +173,8 @@ def test_one_batched_child_call_per_execute(server, sample_images):
         time.sleep(0.1)
     (flow_images, flow_executions), (classifier_images, classifier_executions) = flow, classifier
     assert (flow_images, classifier_images) == (n, n)
-    assert 1 <= flow_executions < n, f"{n} requests, {flow_executions} executions of {ONE_INSTANCE}: Triton did not batch them"
+    assert (1 <= flow_executions < n), (f"{n} requests, {flow_executions} executions of {ONE_INSTANCE}: Triton did not "
+                                        "batch them")
     assert classifier_executions == flow_executions, (
         f"{flow_executions} execute() calls of {ONE_INSTANCE} made {classifier_executions} classifier executions")
 
@@ -225,6 +228,8 @@ def test_only_the_requested_outputs_come_back(server, protocol, sample_images):
         every = client._client.infer(RESNET_ONLY, [image])  # none named: all of them
     finally:
         client.close()
-    present = lambda result: {n for n in ("LABELS", "SCORES", "CLASS_IDS", "ROUTE") if result.as_numpy(n) is not None}  # noqa: E731
+    def present(result) -> set[str]:
+        return {n for n in ("LABELS", "SCORES", "CLASS_IDS", "ROUTE") if result.as_numpy(n) is not None}
+
     assert present(some) == {"ROUTE"} and some.as_numpy("ROUTE")[0, 0] == b"resnet50_onnx:direct"
     assert present(every) == {"LABELS", "SCORES", "CLASS_IDS", "ROUTE"}

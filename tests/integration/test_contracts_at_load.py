@@ -44,7 +44,8 @@ def test_the_server_refuses_to_load_it_naming_both_sides(mismatched_repo, tmp_pa
 
 def test_bls_serve_says_why_and_exits(mismatched_repo):
     ports = [str(free_port()) for _ in range(3)]
-    proc = subprocess.run([sys.executable, "-c", "import sys; from bls_pipeline.serve.cli import main; sys.exit(main())",
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys; from bls_pipeline.serve.cli import main; sys.exit(main())",
                            "--model-repository", str(mismatched_repo), "--http-port", ports[0], "--grpc-port", ports[1],
                            "--metrics-port", ports[2], "--status-port", "0", "--watchdog-interval", "0"],
                           capture_output=True, text=True, timeout=300)

@@ -30,7 +30,8 @@ def engine_repo(model_repo, repo_root, tmp_path_factory) -> Path:
         tensors = calibration_tensors(repo_root / "samples", load_child(repo, f"{family}_onnx").preprocess, limit=3)
         quantize(onnx, repo / f"{family}_int8" / "1" / "model.onnx", tensors, method="onnxruntime")
     pytest.importorskip("openvino", reason="the OpenVINO model needs openvino: pip install 'bls-pipeline[openvino]'")
-    convert_openvino(repo / "efficientnet_lite0_onnx" / "1" / "model.onnx", repo / "efficientnet_lite0_openvino" / "1" / "model.xml")
+    convert_openvino(repo / "efficientnet_lite0_onnx" / "1" / "model.onnx",
+                     repo / "efficientnet_lite0_openvino" / "1" / "model.xml")
     cut = repo / "resnet50_openvino" / "1"
     shutil.copy(repo / "efficientnet_lite0_openvino" / "1" / "model.xml", cut / "model.xml")
     (cut / "model.bin").write_bytes(bytes(1000))
@@ -46,7 +47,8 @@ def engine_server(engine_repo, tmp_path_factory, server_factory):
 
 
 def test_a_corrupt_engine_is_skipped_with_the_reason(engine_server):
-    assert engine_server.skipped["resnet50_openvino"].startswith("resnet50_openvino/1/model.xml is unusable (model.bin is shorter")
+    assert (engine_server.skipped["resnet50_openvino"].startswith("resnet50_openvino/1/model.xml is unusable "
+                                                                  "(model.bin is shorter"))
     assert {"resnet50_int8", "efficientnet_lite0_int8", "efficientnet_lite0_openvino"} <= set(engine_server.loaded)
 
 

@@ -54,7 +54,8 @@ def run(user_repo):
 
 USERS_FILES = {
     # sections 1-5: a flow
-    "models/cat_check/config.pbtxt", "models/cat_check/1/model.py", "models/cat_check/1/flow.py", "tests/test_cat_check.py",
+    "models/cat_check/config.pbtxt", "models/cat_check/1/model.py", "models/cat_check/1/flow.py",
+    "tests/test_cat_check.py",
     # 6-7: a numpy model fed another model's output, and a flow with an extra output
     "models/cat_head/config.pbtxt", "models/cat_head/labels.txt", "models/cat_head/1/model.py",
     "models/cat_head/1/cat_head.py",
@@ -96,7 +97,8 @@ def test_the_new_model_serves_over_http_and_grpc(run, repo_root):
     assert set(http) == {p.name for p in (repo_root / "samples").iterdir() if p.suffix in (".jpg", ".png")}
     assert http["chelsea.jpg"][1] == "resnet50_onnx:second_opinion"
     assert http["mug.jpg"] == ("coffee mug (504)", "efficientnet_lite0_onnx:first_look")
-    assert {route for name, (_, route) in http.items() if name != "chelsea.jpg"} == {"efficientnet_lite0_onnx:first_look"}
+    assert ({route for name, (_, route) in http.items() if name != "chelsea.jpg"}
+            == {"efficientnet_lite0_onnx:first_look"})
     # gRPC, the cat alone, top-1: the same answer.
     assert grpc == {"chelsea.jpg": http["chelsea.jpg"]}
     # The mug with ask_expert, from curl and from tritonclient: the expert answers it.
@@ -148,7 +150,9 @@ def test_the_new_models_serve_together_over_http_and_grpc(run, repo_root):
     assert colours["coffee.jpg"] == ("red (2)", "colour_net:colour")
     assert colours_grpc == {"rocket.jpg": colours["rocket.jpg"]}
     # upside_down: each sign's lines under it, the one upside-down label among them.
-    assert signs == {"sign.png": ("(no label)", "text_orientation:upright"), "blank.png": ("(no label)", "text_detector:no_text")}
+    assert (signs
+            == {"sign.png": ("(no label)", "text_orientation:upright"),
+                "blank.png": ("(no label)", "text_detector:no_text")})
     assert sign_details["blank.png"] == ["FLIPPED_LINES: 0"]
     first, *lines = sign_details["sign.png"]
     assert first == "FLIPPED_LINES: 1" and len(lines) == 3

@@ -199,10 +199,11 @@ def test_unloaded_classifier_reroutes_to_its_standby_fallback_then_comes_back(fa
     assert serving_mib > standby_mib + 40, (standby_mib, serving_mib)
     steady = sorted(r.answered - r.sent for r in traffic.records if r.answered < unload_called)
     first_backup = min((r for r in traffic.records if r.route == f"{BACKUP}:direct"), key=lambda r: r.answered)
-    slowest = max(r.answered - r.sent for r in traffic.records if unload_called <= r.answered <= first_backup.answered + 1)
-    print(f"\n{BACKUP} private MiB: {standby_mib:.0f} on standby, {serving_mib:.0f} serving, {released_mib:.0f} released; "
-          "takeover: first answer "
-          f"{first_backup.answered - unload_called:.2f} s after the unload began, slowest request around it "
+    slowest = max(r.answered - r.sent for r in traffic.records
+                  if unload_called <= r.answered <= first_backup.answered + 1)
+    print(f"\n{BACKUP} private MiB: {standby_mib:.0f} on standby, {serving_mib:.0f} serving, {released_mib:.0f} "
+          f"released; takeover: first answer {first_backup.answered - unload_called:.2f} s after the unload began, "
+          "slowest request around it "
           f"{slowest:.2f} s (median before: {steady[len(steady) // 2]:.3f} s)")
 
 
@@ -271,7 +272,8 @@ def test_shutdown_under_load_answers_what_it_accepted(faults_server):
     # and later ones were refused by the drained model.
     in_flight = [r for r in before if r.answered > stop_began and r.route is not None]
     assert in_flight, "no request was in flight when the stop began: the test saw nothing drain"
-    assert [r for r in after if r.error and re.fullmatch(DRAINED, r.error)], f"none refused by the drain: {traffic.outcomes()}"
+    by_the_drain = [r for r in after if r.error and re.fullmatch(DRAINED, r.error)]
+    assert by_the_drain, f"none refused by the drain: {traffic.outcomes()}"
     print(f"\n{len(in_flight)} requests in flight at the stop answered; sent before it and refused on arrival: "
           f"{sum(1 for r in before if r.error)}; sent after it: {Counter((r.error or r.route)[:60] for r in after)}; "
           f"stop took {stopped - stop_began:.1f} s")
@@ -295,7 +297,8 @@ def _standby_openings(server) -> int:
 
 def _stub_pid(server, instance: str) -> int:
     out = subprocess.run(["pgrep", "-a", "-g", str(server.pid)], capture_output=True, text=True).stdout
-    pids = [int(line.split()[0]) for line in out.splitlines() if "triton_python_backend_stub" in line and f" {instance} " in line]
+    pids = [int(line.split()[0]) for line in out.splitlines() if "triton_python_backend_stub" in line
+            and f" {instance} " in line]
     assert len(pids) == 1, out
     return pids[0]
 
@@ -308,7 +311,8 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     srv = _serving(watched_server)
     client = ClassifyClient(srv.http_url, "http", model=FAILOVER)
     try:
-        _wait_for_route(client, sample_images["mug"], f"{MAIN}:direct")  # both instances back on resnet50 (an earlier kill)
+        # both instances back on resnet50 (an earlier kill)
+        _wait_for_route(client, sample_images["mug"], f"{MAIN}:direct")
         recoveries = len(srv.watchdog.recoveries)
         if victim == MAIN:  # the standby fallback takes over: the watchdog's probes did not open it before
             opened = _standby_openings(srv)
@@ -337,7 +341,8 @@ def test_killed_stub_is_detected_and_reloaded(watched_server, sample_images, vic
     assert event.model == victim and event.recovered_at is not None and event.detected_at > killed
     for message in errors:  # while dead: the stub's error; while reloading: another classifier or none ready
         assert "is not healthy" in message or "no classifier is ready" in message, message
-    print(f"stub of {victim} killed: reloaded after {event.recovered_at - killed:.1f} s, errors meanwhile: {dict(errors)}")
+    print(f"stub of {victim} killed: reloaded after {event.recovered_at - killed:.1f} s, errors meanwhile: "
+          f"{dict(errors)}")
 
 
 # ---- the stop after a killed stub ---------------------------------------------------------------

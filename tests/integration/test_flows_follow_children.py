@@ -99,8 +99,10 @@ def _answers(server, model, images, child):
 
 def test_a_fixed_child_is_followed_by_the_flow_that_loaded_and_the_one_that_failed(repo, tmp_path, repo_root):
     mug = (repo_root / "samples" / "mug.jpg").read_bytes()
-    server = TritonServer(ServerOptions.on_free_ports(repo, tmp_path / "tritonserver.log", models=("follows_a", "follows_b"),
-                                                      fail_fast=False, status_port=free_port(), watchdog_interval_s=0.5))
+    server = TritonServer(ServerOptions.on_free_ports(repo, tmp_path / "tritonserver.log",
+                                                      models=("follows_a", "follows_b"),
+                                                      fail_fast=False, status_port=free_port(),
+                                                      watchdog_interval_s=0.5))
     server.start()
     try:
         assert set(server.failed) == {"child_a", "child_b", "follows_b"}, server.failed

@@ -114,4 +114,5 @@ def test_resnet50_normalisation_makes_efficientnet_less_sure(server, sample_imag
     wrong_probs = _probs(server, "http", _batch(images, wrong))
     for name, right_row, wrong_row in zip(names, right_probs, wrong_probs):
         (gold,) = GOLDEN[name]
-        assert right_row[gold] > wrong_row[gold] + 0.05, f"{name}: {right_row[gold]:.3f} vs {wrong_row[gold]:.3f} with resnet50's spec"
+        assert (right_row[gold] > wrong_row[gold] + 0.05), (f"{name}: {right_row[gold]:.3f} vs {wrong_row[gold]:.3f} "
+                                                            "with resnet50's spec")

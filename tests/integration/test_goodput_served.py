@@ -84,12 +84,14 @@ def goodput_server(model_repo, tmp_path_factory, server_factory, child_factory):
     _flow_variant(repo, model_repo, FLOW, {"cascade_classifiers": CHEAP, "classifiers": MAIN, "latency_target_ms": "0"})
     # The same flow on one instance taking 4 requests at a time (an execute() takes 0.4 s), its
     # queue holding 16: a dozen clients back to back keep requests waiting there.
-    _flow_variant(repo, model_repo, QUEUED, {"cascade_classifiers": CHEAP, "classifiers": MAIN, "latency_target_ms": "0"},
+    _flow_variant(repo, model_repo, QUEUED,
+                  {"cascade_classifiers": CHEAP, "classifiers": MAIN, "latency_target_ms": "0"},
                   instances=1, max_batch_size=4, queue=16)
     # The slow child last: a client whose deadline passes during that call is answered after it left.
     _flow_variant(repo, model_repo, SLOW_LAST, {"cascade_classifiers": "none", "classifiers": CHEAP})
     # An aim of 300 ms, which the cheap child's 0.4 s passes: every escalation is skipped, degraded.
-    _flow_variant(repo, model_repo, DEGRADING, {"cascade_classifiers": CHEAP, "classifiers": MAIN, "latency_target_ms": "300"})
+    _flow_variant(repo, model_repo, DEGRADING,
+                  {"cascade_classifiers": CHEAP, "classifiers": MAIN, "latency_target_ms": "300"})
     # A flow with a number among its request parameters (classify_bls has a bool only).
     shutil.copytree(model_repo / "classify_bls", repo / NUMBERS)
     (repo / NUMBERS / "1" / "flow.py").write_text(_NUMBERS_FLOW)
@@ -98,7 +100,8 @@ def goodput_server(model_repo, tmp_path_factory, server_factory, child_factory):
     config.parameters["run_in_process"].string_value = "none"
     config.instance_group[0].count = 1
     (repo / NUMBERS / "config.pbtxt").write_text(text_format.MessageToString(config))
-    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"), models=(FLOW, QUEUED, SLOW_LAST, DEGRADING, NUMBERS))
+    server = server_factory(repo, tmp_path_factory.mktemp("goodput-logs"),
+                            models=(FLOW, QUEUED, SLOW_LAST, DEGRADING, NUMBERS))
     yield server
     server.stop()
 
@@ -138,7 +141,8 @@ def _infer(server, protocol: str, image: bytes, model: str = FLOW, **kwargs):
     try:
         inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
         inp.set_data_from_numpy(np.array([[image]], dtype=object))
-        return client.infer(model, [inp], outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput(LABELS.name)],
+        return client.infer(model, [inp],
+                            outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput(LABELS.name)],
                             **kwargs)
     finally:
         client.close()
@@ -199,7 +203,8 @@ def test_a_number_parameter_is_a_number_and_a_numeric_string_is_refused_naming_i
     with pytest.raises(InferenceServerException) as caught:
         _infer(goodput_server, protocol, _jpeg(), NUMBERS, parameters={"min_top1": "0.9"})
     assert str(caught.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
-    assert ("request parameter min_top1='0.9': send a number between 0 and 1, as a JSON number: 0.9, not the string '0.9'"
+    assert ("request parameter min_top1='0.9': send a number between 0 and 1, as a JSON number: 0.9, not the string "
+            "'0.9'"
             in caught.value.message())
 
 
@@ -207,7 +212,8 @@ def test_curl_sends_a_parameter_as_kserve_json(goodput_server):
     import base64
 
     body = {"parameters": {"skip_cascade": True},
-            "inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES", "data": [base64.b64encode(_jpeg()).decode()]}],
+            "inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES",
+                        "data": [base64.b64encode(_jpeg()).decode()]}],
             "outputs": [{"name": "ROUTE"}]}
     request = urllib.request.Request(f"http://{goodput_server.url('http')}/v2/models/{FLOW}/infer",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -235,7 +241,8 @@ def test_a_cancelled_grpc_request_never_reaches_a_child(goodput_server):
         _infer(goodput_server, "grpc", _png_24mp(), client_timeout=0.1)
     assert "DEADLINE_EXCEEDED" in str(caught.value.status())
     after = _settled(goodput_server, before, ("dropped:cancelled:slow_cheap:CANCELLED",))
-    assert after.get("dropped:cancelled:slow_cheap:CANCELLED", 0) == before.get("dropped:cancelled:slow_cheap:CANCELLED", 0) + 1
+    assert (after.get("dropped:cancelled:slow_cheap:CANCELLED", 0)
+            == before.get("dropped:cancelled:slow_cheap:CANCELLED", 0) + 1)
     for key in (f"triton:{CHEAP}", f"triton:{MAIN}", f"child:{CHEAP}", f"child:{MAIN}"):
         assert after.get(key, 0) == before.get(key, 0), key
 
@@ -273,14 +280,16 @@ def test_clients_without_a_deadline_are_never_refused_however_long_they_wait(goo
     with ThreadPoolExecutor(12) as pool:
         outcomes = [o for seen in pool.map(client, range(12)) for o in seen]
     waits = sorted(t for o, t, _ in outcomes if o == "answered")
-    print(f"12 clients back to back: {len(outcomes)} requests, answered in {waits[len(waits) // 2]:.2f} s at the median")
+    print(f"12 clients back to back: {len(outcomes)} requests, answered in {waits[len(waits) // 2]:.2f} s at the "
+          "median")
     assert outcomes and all(o == "answered" for o, _, _ in outcomes), [o for o in outcomes if o[0] != "answered"][:3]
     assert waits[len(waits) // 2] > 0.5  # they did wait in the queue: the test had a queue to refuse from
 
 
 def _requests_counted(server, model: str, code: str) -> float:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    found = re.findall(rf'^bls_requests_total{{(?=[^}}]*model="{model}")(?=[^}}]*code="{code}")[^}}]*}} ([0-9.e+]+)$', text, re.M)
+    found = re.findall(rf'^bls_requests_total{{(?=[^}}]*model="{model}")(?=[^}}]*code="{code}")[^}}]*}} ([0-9.e+]+)$',
+                       text, re.M)
     return sum(float(v) for v in found)
 
 
@@ -307,7 +316,8 @@ def test_an_escalation_past_the_latency_target_is_answered_degraded_saying_why(g
     try:
         inp = tc.InferInput(IMAGE.name, [1, 1], "BYTES")
         inp.set_data_from_numpy(np.array([[_jpeg()]], dtype=object))
-        got = client.infer(DEGRADING, [inp], outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput("JSON")])
+        got = client.infer(DEGRADING, [inp],
+                           outputs=[tc.InferRequestedOutput(ROUTE.name), tc.InferRequestedOutput("JSON")])
     finally:
         client.close()
     assert got.as_numpy(ROUTE.name)[0, 0] == f"{CHEAP}:degraded".encode()
@@ -339,4 +349,5 @@ def test_the_server_stops_cleanly_after_cancellations(goodput_server):
     log = Path(goodput_server.options.log_file).read_text(errors="replace")
     said = re.findall(r"(\w+_0_\d): in the last \d+ s, of \d+ requests, (.*)\"", log)
     print("\n".join(f"{instance}: {what}" for instance, what in said))
-    assert any(i.startswith(f"{FLOW}_") and re.search(r"refused with UNAVAILABLE \(.*expired \d+", w) for i, w in said), said
+    assert (any(i.startswith(f"{FLOW}_") and re.search(r"refused with UNAVAILABLE \(.*expired \d+", w)
+                for i, w in said)), said

@@ -40,7 +40,8 @@ def _status(bls: BlsServe, path: str) -> tuple[int, str]:
 
 def _restarts(bls: BlsServe) -> dict[str, float]:
     text = _status(bls, "/metrics")[1]
-    return {m[1]: float(m[2]) for m in re.finditer(r'^bls_tritonserver_restarts_total\{cause="(\w+)"\} (\S+)$', text, re.M)}
+    return {m[1]: float(m[2])
+            for m in re.finditer(r'^bls_tritonserver_restarts_total\{cause="(\w+)"\} (\S+)$', text, re.M)}
 
 
 def _answers_after(bls: BlsServe, image: bytes, since: float, timeout_s: float) -> float:
@@ -52,7 +53,8 @@ def _answers_after(bls: BlsServe, image: bytes, since: float, timeout_s: float) 
             client.classify([image])
             return time.monotonic() - since
         except Exception:  # noqa: BLE001 - not serving yet: asked again
-            assert time.monotonic() < deadline, f"classify_bls not answering {timeout_s:.0f} s on:\n{bls.output()[-3000:]}"
+            assert (time.monotonic() < deadline), (f"classify_bls not answering {timeout_s:.0f} s "
+                                                   f"on:\n{bls.output()[-3000:]}")
             time.sleep(0.2)
         finally:
             client.close()
@@ -72,8 +74,10 @@ def test_a_frozen_tritonserver_is_replaced_and_classify_bls_answers_again(model_
             traffic.wait_for(4)
             os.kill(first, signal.SIGSTOP)
             frozen = time.monotonic()
-            code, why = eventually(lambda: (lambda r: r if r[0] == 503 and "not answering" in r[1] or "did not answer" in r[1]
-                                            else None)(_status(bls, "/ready")), "the status port saying why", timeout_s=30)
+            code, why = eventually(lambda: (lambda r: r if r[0] == 503 and "not answering" in r[1]
+                                            or "did not answer" in r[1]
+                                            else None)(_status(bls, "/ready")), "the status port saying why",
+                                   timeout_s=30)
             said = time.monotonic() - frozen
             took = _answers_after(bls, mug, frozen, RECOVERY_S + 30)
             traffic.wait_for(4, sent_after=frozen + took)
@@ -101,7 +105,8 @@ def test_sigterm_with_tritonserver_frozen_exits_within_30_s_naming_the_cause(mod
     out = bls.output()
     print(f"\nSIGTERM with tritonserver frozen: exit after {took:.1f} s, exit code {code}")
     assert code == HUNG, out[-3000:]
-    assert re.search(r"tritonserver did not answer at the stop \(.*\): it was killed with its group .* bls-serve exits 3", out)
+    assert (re.search(r"tritonserver did not answer at the stop \(.*\): it was killed with its group .* bls-serve "
+                      r"exits 3", out))
     assert took <= STOP_S, f"SIGTERM to exit took {took:.1f} s"
     assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
 
@@ -149,7 +154,8 @@ def test_a_frozen_stub_is_replaced_and_the_stop_then_takes_seconds(model_repo, s
         took, code = bls.sigterm()
     traffic.assert_every_thread_accounted_for()
     print(f"\nresnet50's stub frozen under 4 gRPC clients: replaced after {replaced:.1f} s; "
-          f"{len(traffic.records)} requests, outcomes {dict(traffic.outcomes())}; SIGTERM to exit {took:.1f} s, exit code {code}")
+          f"{len(traffic.records)} requests, outcomes {dict(traffic.outcomes())}; SIGTERM to exit {took:.1f} s, exit "
+          f"code {code}")
     assert code == OK, bls.output()[-3000:]
     assert took <= CLEAN_STOP_S, f"SIGTERM to exit took {took:.1f} s:\n{bls.output()[-3000:]}"
     assert not _group_exists(triton) and not _shm_regions(bls.shm_prefix)
@@ -200,7 +206,8 @@ def test_a_failed_reload_is_counted_while_the_old_copy_serves(model_repo, tmp_pa
         with pytest.raises(Exception, match="400|failed"):
             server.admin.load(MAIN, config)
         assert server.admin.states()[MAIN] == "READY"  # Triton keeps the old copy, and says nothing of it
-        text = eventually(lambda: (lambda t: t if re.search(rf'^bls_model_load_failures_total\{{model="{MAIN}"\}} 1$', t, re.M)
+        text = eventually(lambda: (lambda t: t
+                                   if re.search(rf'^bls_model_load_failures_total\{{model="{MAIN}"\}} 1$', t, re.M)
                                    else None)(get(metrics)[1]), "the failed reload counted")
         assert re.search(rf'^bls_model_load_failed\{{model="{MAIN}"\}} 1$', text, re.M)
         code, ready = get(f"{server.status_url}/ready")

@@ -49,8 +49,8 @@ def test_read_text_answers_each_image_with_its_own_lines(server, protocol, repo_
         assert 0.8 < region["outputs"]["REGION_CONFIDENCE"] <= 1
     # The cat photo: no text, no regions; the tensors pad its rows to the sign's three.
     assert out["REGION_BOXES"].shape == (2, 3, 4)
-    assert photo == {"route": "text_detector:no_text", "labels": [], "scores": [], "class_ids": [], "outputs": {"TEXT": ""},
-                     "regions": []}
+    assert photo == {"route": "text_detector:no_text", "labels": [], "scores": [], "class_ids": [],
+                     "outputs": {"TEXT": ""}, "regions": []}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -59,10 +59,12 @@ def test_classify_bls_answers_a_photo_with_its_labels(server, protocol, sample_i
     assert mug["route"] == "efficientnet_lite0_onnx:confident"
     assert (mug["labels"][0], mug["class_ids"][0]) == ("coffee mug", 504)
     assert camera["labels"][0] == "tripod"
-    for doc, labels, scores, ids, route in zip((mug, camera), out["LABELS"], out["SCORES"], out["CLASS_IDS"], out["ROUTE"]):
+    for doc, labels, scores, ids, route in zip((mug, camera), out["LABELS"], out["SCORES"], out["CLASS_IDS"],
+                                               out["ROUTE"]):
         assert set(doc) == {"route", "labels", "scores", "class_ids"}  # no outputs of its own, no regions
         assert doc["route"] == route[0].decode()
-        assert [v.decode().split(":", 2)[1:] for v in labels] == [[str(i), name] for i, name in zip(doc["class_ids"], doc["labels"])]
+        assert ([v.decode().split(":", 2)[1:] for v in labels]
+                == [[str(i), name] for i, name in zip(doc["class_ids"], doc["labels"])])
         assert doc["class_ids"] == ids.tolist()
         np.testing.assert_allclose(doc["scores"], scores, rtol=1e-6)
         assert doc["scores"] == sorted(doc["scores"], reverse=True) and sum(doc["scores"]) <= 1 + 1e-6
@@ -71,7 +73,8 @@ def test_classify_bls_answers_a_photo_with_its_labels(server, protocol, sample_i
 def test_json_alone_is_what_a_plain_http_client_reads(server, repo_root):
     """curl's view: KServe v2 JSON asking for JSON only; each document a string of JSON."""
     sign = base64.b64encode((repo_root / "samples" / "sign.png").read_bytes()).decode()
-    body = {"inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES", "data": [sign]}], "outputs": [{"name": "JSON"}]}
+    body = {"inputs": [{"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES", "data": [sign]}],
+            "outputs": [{"name": "JSON"}]}
     request = urllib.request.Request(f"http://{server.http_url}/v2/models/read_text/infer", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -83,7 +86,8 @@ def test_json_alone_is_what_a_plain_http_client_reads(server, repo_root):
 
 
 def _bls_classify(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "bls-classify"), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(Path(sys.executable).parent / "bls-classify"), *args], capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_bls_classify_prints_one_json_line_per_image_and_draws_them(server, repo_root, tmp_path):

@@ -32,8 +32,8 @@ pytestmark = pytest.mark.integration
 
 # The models every machine loads from the test repository (python backend, artifacts exported
 # by the fixtures), whatever else it has: TensorRT, a GPU, models that need them.
-CPU_MODELS = {"classify_bls", "triage_bls", "image_quality", "resnet50_onnx", "efficientnet_lite0_onnx", "ensemble_resnet50",
-              "ensemble_preprocess", "ensemble_postprocess"}
+CPU_MODELS = {"classify_bls", "triage_bls", "image_quality", "resnet50_onnx", "efficientnet_lite0_onnx",
+              "ensemble_resnet50", "ensemble_preprocess", "ensemble_postprocess"}
 HTTP_REFUSAL = {"error": f"This API is restricted, expecting header '{ADMIN_HEADER}'"}
 GRPC_REFUSAL = f"This protocol is restricted, expecting header '{GRPC_ADMIN_HEADER}'"
 
@@ -184,7 +184,8 @@ def test_inference_apis_need_no_key(server):
     try:
         assert client.get_model_metadata("resnet50_onnx", as_json=True)["name"] == "resnet50_onnx"
         assert client.is_model_ready("classify_bls")
-        assert client.get_inference_statistics("resnet50_onnx", as_json=True)["model_stats"][0]["name"] == "resnet50_onnx"
+        assert (client.get_inference_statistics("resnet50_onnx", as_json=True)["model_stats"][0]["name"]
+                == "resnet50_onnx")
     finally:
         client.close()
 
@@ -248,7 +249,8 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_group(tmp_path, caplog
         time.sleep(0.3)
 
     monkeypatch.setattr(stopping, "kill_group", kill_and_let_it_die)
-    srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=0, log_file=tmp_path / "server.log"))
+    srv = TritonServer(ServerOptions(tmp_path, http_port=free_port(), exit_timeout_s=0,
+                                     log_file=tmp_path / "server.log"))
     stubborn = ("import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "subprocess.Popen(['sleep', '300']); print('ready', flush=True); time.sleep(300)")
     srv._proc = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True, stdout=subprocess.PIPE)

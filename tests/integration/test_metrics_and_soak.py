@@ -21,7 +21,8 @@ from bls_pipeline.serve.processes import model_of, stubs
 pytestmark = pytest.mark.integration
 FAILOVER = "classify_bls_failover"
 BAD = b"<html>not an image</html>"
-WARMUP_S = 10.0  # the pools fill in the first seconds: private memory was flat from 10 s on (two runs beside a busy core)
+# the pools fill in the first seconds: private memory was flat from 10 s on (two runs beside a busy core)
+WARMUP_S = 10.0
 # How long after the last answer every bls_* series must be on the endpoint, with no more traffic.
 CURRENT_S = 1.0
 
@@ -31,7 +32,8 @@ def scrape(server, metric: str, model: str) -> dict[str, float]:
 
 
 def test_custom_metrics_count_routes_rejections_and_time(server, sample_images):
-    before = {m: scrape(server, m, FAILOVER) for m in ("bls_images_total", "bls_rejected_images_total", "bls_stage_seconds_total")}
+    before = {m: scrape(server, m, FAILOVER)
+              for m in ("bls_images_total", "bls_rejected_images_total", "bls_stage_seconds_total")}
     client = ClassifyClient(server.http_url, "http", model=FAILOVER)
     client.classify([sample_images["mug"], sample_images["coffee"]])
     client.classify([sample_images["camera"]])
@@ -221,7 +223,8 @@ def _climbs(samples: list[int], slack_kib: float) -> bool:
 def _triton_count(server, metric: str, model: str) -> float:
     """One of Triton's own per-model counters (labels model and version)."""
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf'^{metric}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M))
+    return sum(float(m.group(1))
+               for m in re.finditer(rf'^{metric}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M))
 
 
 def test_watchdog_probes_are_not_counted_as_users_traffic(model_repo, server_factory, tmp_path, repo_root):
@@ -242,7 +245,8 @@ def test_watchdog_probes_are_not_counted_as_users_traffic(model_repo, server_fac
         assert scrape(server, "bls_images_total", "triage_bls") == {"route=image_quality:blank": 2.0}
         assert scrape(server, "bls_executions_total", "triage_bls") == {"": 2.0}
         # Every code's series there from the load on, the probes in none.
-        assert scrape(server, "bls_requests_total", "triage_bls") == {**{f"code={c}": 0.0 for c in CODES}, "code=GONE": 0.0,
+        assert scrape(server, "bls_requests_total", "triage_bls") == {**{f"code={c}": 0.0 for c in CODES},
+                                                                      "code=GONE": 0.0,
                                                                        "code=OK": 2.0}
         assert _triton_count(server, "nv_inference_request_success", "triage_bls") >= 8
     finally:

@@ -59,8 +59,8 @@ def broken_repo(model_repo, tmp_path_factory) -> Path:
     candidates = [d.name for d in model_repo.iterdir() if d.name.startswith(("resnet50_", "efficientnet_lite0_"))]
     for name in (GOOD_FLOW, "classify_bls_broken_shape", "broken_shape", "image_quality", *candidates):
         shutil.copytree(model_repo / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(model_repo / "resnet50_onnx", repo / BAD, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json",
-                                                                                             "__pycache__"))
+    shutil.copytree(model_repo / "resnet50_onnx", repo / BAD,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "__pycache__"))
     (repo / BAD / "config.pbtxt").write_text(config_variant(repo / "resnet50_onnx", BAD, {}))
     _tiny_onnx(repo / BAD / "1" / "model.onnx", 10)
     shutil.copytree(repo / GOOD_FLOW, repo / BAD_FLOW)
@@ -81,8 +81,8 @@ def kept(broken_repo, tmp_path_factory):
     # trace_rate=1: the histogram, the queue-full refusals and bls-explain read Triton's traces,
     # off as shipped (Triton 2.51's tracer can abort tritonserver: workarounds.py).
     server = TritonServer(ServerOptions.on_free_ports(
-        broken_repo, logs / "tritonserver.log", models=(BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape", TINY_QUEUE), fail_fast=False,
-        status_port=free_port(), watchdog_interval_s=0.5, trace_rate=1))
+        broken_repo, logs / "tritonserver.log", models=(BAD_FLOW, GOOD_FLOW, "classify_bls_broken_shape", TINY_QUEUE),
+        fail_fast=False, status_port=free_port(), watchdog_interval_s=0.5, trace_rate=1))
     server.start()
     yield server
     server.stop()
@@ -105,7 +105,8 @@ def _infer(server, protocol: str, model: str, image: bytes, request_id: str = ""
 
 # ---- one bad model kept to itself ------------------------------------------------------------
 
-def test_the_others_serve_and_the_broken_childs_flow_answers_500_naming_its_load_error(kept, sample_images, broken_repo):
+def test_the_others_serve_and_the_broken_childs_flow_answers_500_naming_its_load_error(kept, sample_images,
+                                                                                       broken_repo):
     assert set(kept.failed) == {BAD} and MISMATCH in kept.failed[BAD]
     assert {BAD_FLOW, GOOD_FLOW, "resnet50_onnx", "classify_bls_broken_shape"} <= set(kept.loaded)
     metrics = get(f"{kept.status_url}/metrics")[1]
@@ -115,7 +116,8 @@ def test_the_others_serve_and_the_broken_childs_flow_answers_500_naming_its_load
     for protocol, status in (("http", "500"), ("grpc", "StatusCode.INTERNAL")):
         error = _infer(kept, protocol, BAD_FLOW, sample_images["mug"])
         assert error is not None and error.status() == status  # broken, not "try again later"
-        assert f"no classifier is ready for classifiers (its candidates, in order: {BAD} failed to load: " in error.message()
+        assert (f"no classifier is ready for classifiers (its candidates, in order: {BAD} failed to "
+                "load: " in error.message())
         assert "dim 0 is 1000 against 10" in error.message() or "FP32 [-1, 10]" in error.message()
     # Fixed (a model file that matches), loaded again through the repository API: it answers.
     _tiny_onnx(broken_repo / BAD / "1" / "model.onnx", 1000)
@@ -135,10 +137,11 @@ def test_readiness_follows_the_named_models_and_recovers(kept, broken_repo):
     kept.unload_model(BAD)
     with pytest.raises(Exception):  # the repository API's load of the broken model fails
         kept.load_model(BAD)
-    code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1] else None)(get(ready)),
-                             what="not ready, naming the failed load")
-    assert (f"{BAD_FLOW} its last probe failed: [500] no classifier is ready for classifiers (its candidates, in order: "
-            f"{BAD} failed to load") in text
+    code, text = eventually(lambda: (lambda r: r if r[0] == 503 and f"{BAD} failed to load" in r[1]
+                                     else None)(get(ready)),
+                            what="not ready, naming the failed load")
+    assert ((f"{BAD_FLOW} its last probe failed: [500] no classifier is ready for classifiers (its candidates, in "
+             f"order: {BAD} failed to load") in text)
     assert "classify_bls_broken_shape" in text  # its probe fails too (its child is broken): not ready
     kept.unload_model(BAD)
     assert get(f"http://{kept.http_url}/v2/health/ready")[0] == 400  # Triton's, after the unload too
@@ -177,8 +180,9 @@ def test_the_watchdog_probes_a_model_loaded_later_and_brings_it_back(kept):
     try:
         eventually(lambda: "image_quality" in kept.watchdog.outcomes and kept.watchdog.outcomes["image_quality"].ok,
                     what="a probe of image_quality")
-        (pid,) = [int(line.split()[0]) for line in subprocess.run(["pgrep", "-a", "-g", str(kept.pid)], capture_output=True,
-                                                                   text=True).stdout.splitlines()
+        (pid,) = [int(line.split()[0])
+                  for line in subprocess.run(["pgrep", "-a", "-g", str(kept.pid)], capture_output=True,
+                                             text=True).stdout.splitlines()
                   if "triton_python_backend_stub" in line and " image_quality_0_0 " in line]
         os.kill(pid, signal.SIGKILL)
         eventually(lambda: any(r.model == "image_quality" and r.recovered_at for r in kept.watchdog.recoveries),
@@ -223,8 +227,9 @@ def test_the_requests_tritons_queue_refused_are_counted_where_triton_counts_none
         return sum(float(v) for v in re.findall(rf'^{metric}\{{[^}}]*model="{TINY_QUEUE}"[^}}]*\}} (\S+)$', text, re.M))
 
     status, triton = f"{kept.status_url}/metrics", kept.metrics_url
-    before = {m: count(u, m) for u, m in ((status, "bls_refused_requests_total"), (triton, "nv_inference_request_failure"),
-                                          (triton, "nv_inference_request_success"))}
+    before = {m: count(u, m)
+              for u, m in ((status, "bls_refused_requests_total"), (triton, "nv_inference_request_failure"),
+                           (triton, "nv_inference_request_success"))}
     errors: list[str] = []
     start = threading.Barrier(8)
 
@@ -241,13 +246,15 @@ def test_the_requests_tritons_queue_refused_are_counted_where_triton_counts_none
         t.join(timeout=120)
     refused = [e for e in errors if "Exceeds maximum queue size" in e]
     assert refused and len(refused) == len(errors), errors
-    eventually(lambda: count(status, "bls_refused_requests_total") - before["bls_refused_requests_total"] == len(refused),
-                what=f"{len(refused)} refusals counted")
+    eventually(lambda: count(status, "bls_refused_requests_total") - before["bls_refused_requests_total"]
+               == len(refused),
+               what=f"{len(refused)} refusals counted")
     assert count(triton, "nv_inference_request_failure") == before["nv_inference_request_failure"]
     # (the watchdog's probes of it count among the successes too; Triton records a success
     # after the answer has gone, so a client may read the counter before it moves)
-    eventually(lambda: count(triton, "nv_inference_request_success") - before["nv_inference_request_success"] >= 8 - len(refused),
-                what=f"{8 - len(refused)} answers counted as successes")
+    eventually(lambda: (count(triton, "nv_inference_request_success") - before["nv_inference_request_success"]
+                        >= 8 - len(refused)),
+               what=f"{8 - len(refused)} answers counted as successes")
 
 
 def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
@@ -263,7 +270,8 @@ def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
     assert re.search(r"in Triton: queue \d+\.\d ms, compute \d+\.\d ms", out)  # the child's own trace, joined
     covered = float(re.search(r"the measured parts: ([\d.]+)% of the compute", out).group(1))
     assert 95.0 <= covered <= 100.5, out
-    (found,) = json.loads(subprocess.run([str(Path(sys.executable).parent / "bls-explain"), "--status", status, "--request",
+    (found,) = json.loads(subprocess.run([str(Path(sys.executable).parent / "bls-explain"), "--status", status,
+                                          "--request",
                                           "explain-me", "--json"], capture_output=True, text=True, timeout=60).stdout)
     top = sum(p["ms"] for p in found["parts"] if p["level"] == 0)
     assert top == pytest.approx(found["compute_ms"], rel=0.05)
@@ -272,7 +280,8 @@ def test_bls_explain_accounts_for_a_requests_compute(kept, sample_images):
 def test_log_executions_is_switched_on_at_run_time(kept, sample_images):
     """bls-explain --log-executions on FLOW: the flow loaded anew with it, no request lost,
     and its execute() lines in the server log from then on."""
-    explain = [str(Path(sys.executable).parent / "bls-explain"), "--url", kept.http_url, "--admin-key", kept.options.admin_key]
+    explain = [str(Path(sys.executable).parent / "bls-explain"), "--url", kept.http_url, "--admin-key",
+               kept.options.admin_key]
     log = Path(kept.options.log_file)
     done = subprocess.run([*explain, "--log-executions", "on", GOOD_FLOW], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout == f"{GOOD_FLOW}: log_executions on\n", done.stdout + done.stderr

@@ -18,7 +18,8 @@ def _dims(value_info):
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
-@pytest.mark.parametrize("artifact", ["onnx_model", "effnet_onnx_model"])  # resnet50 (random), efficientnet_lite0 (pretrained)
+# resnet50 (random), efficientnet_lite0 (pretrained)
+@pytest.mark.parametrize("artifact", ["onnx_model", "effnet_onnx_model"])
 def test_exported_onnx_names_and_dims(artifact, request):
     model = onnx.load(str(request.getfixturevalue(artifact)))
     (inp,), (out,) = model.graph.input, model.graph.output
@@ -66,6 +67,7 @@ def test_exported_onnx_computes_what_torch_computes(artifact, model, weights, re
 
     scale = float(np.abs(expected).max())
     diff = float(np.abs(got - expected).max())
-    assert diff <= PARITY_RTOL * max(1.0, scale), f"{model}: onnxruntime differs from torch by {diff:.3g} (largest logit {scale:.3g})"
+    assert (diff <= PARITY_RTOL * max(1.0, scale)), (f"{model}: onnxruntime differs from torch by {diff:.3g} (largest "
+                                                     f"logit {scale:.3g})")
     np.testing.assert_array_equal(got.argmax(axis=1), expected.argmax(axis=1))
     np.testing.assert_allclose(softmax(got), softmax(expected), atol=1e-5)

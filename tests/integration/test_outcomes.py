@@ -39,7 +39,8 @@ from polling import eventually
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None,
-                                 reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run does)")]
+                                 reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run "
+                                        "does)")]
 
 FLOW, SMALL_QUEUE, CHILD = "slow_flow", "slow_flow_small_queue", "slow_child"
 _CHILD = '''"""slow_child (tests only): 1 s a call, unsure of every image; each call, as it
@@ -61,7 +62,8 @@ def slow(inputs):
 def _flow(repo: Path, shipped: Path, name: str, max_queue_size: int | None = None) -> None:
     shutil.copytree(shipped / "classify_bls", repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     config = text_format.Parse(config_variant(shipped / "classify_bls", name, {
-        "cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": "none"}), ModelConfig())
+        "cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": "none"}),
+        ModelConfig())
     config.instance_group[0].count = 1
     if max_queue_size is not None:
         config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size
@@ -152,7 +154,8 @@ def _seen_by_prometheus(prometheus: str, server, model: str) -> None:
     now = _counts(server, model)
 
     def scraped() -> bool:
-        for metric, key in (("bls_refused_requests_total", "refused"), ("bls_queue_cancelled_requests_total", "queue_cancelled")):
+        for metric, key in (("bls_refused_requests_total", "refused"),
+                            ("bls_queue_cancelled_requests_total", "queue_cancelled")):
             result = _query(prometheus, f'sum(max_over_time({metric}{{model="{model}"}}[2s]))')
             if not result or float(result[0]["value"][1]) != now[key]:
                 return False
@@ -248,7 +251,8 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
     timed_out = _together(2, lambda i: _infer(server, ("grpc", "http")[i], FLOW, image, timeout=200_000))
     busy.join(timeout=60)
     assert all(e is not None and "Request timeout expired" in e.message() for e in timed_out), timed_out
-    refused = eventually(lambda: (lambda c: c if c["queue_timeout"] - before["queue_timeout"] == 2 else None)(_counts(server, FLOW)),
+    refused = eventually(lambda: (lambda c: c if c["queue_timeout"] - before["queue_timeout"] == 2
+                                  else None)(_counts(server, FLOW)),
                          "2 queue timeouts counted")
     assert refused["triton_rejected"] - before["triton_rejected"] == 2
     assert refused["queue_cancelled"] == after["queue_cancelled"] and refused["queue_full"] == before["queue_full"]

@@ -44,14 +44,17 @@ def test_command_line_crosses_each_paths_hops(monkeypatch, capsys):
 
     real_measure = overhead.measure
     monkeypatch.setattr(overhead, "measure", measure_and_count)
-    assert overhead.main(["--requests", str(REQUESTS), "--rounds", str(ROUNDS), "--hold-ms", str(HOLD_MS), "--hold-mode", "stream"]) == 0
+    assert (overhead.main(["--requests", str(REQUESTS), "--rounds", str(ROUNDS), "--hold-ms", str(HOLD_MS),
+                           "--hold-mode", "stream"]) == 0)
     assert counted == expected
 
     out = capsys.readouterr().out
     rows = {path: [float(v) for v in values.split(" | ")] for path, values in
             re.findall(r"^\| (direct|stub|bls|ensemble) \| ([\d. |]+) \|$", out, re.M)}
-    assert set(rows) == set(overhead.PATHS) and all(len(v) == 1 + ROUNDS for v in rows.values())  # median, then each round
+    # median, then each round
+    assert set(rows) == set(overhead.PATHS) and all(len(v) == 1 + ROUNDS for v in rows.values())
     for path in ("direct", "bls", "ensemble"):  # the classifier stand-in held each of them
         assert min(rows[path]) >= HOLD_MS
     assert max(rows["stub"]) < HOLD_MS
-    assert "| bls - stub - hold (one BLS child call) |" in out and "| ensemble - stub - hold (one ensemble hop) |" in out
+    assert ("| bls - stub - hold (one BLS child call) |" in out
+            and "| ensemble - stub - hold (one ensemble hop) |" in out)

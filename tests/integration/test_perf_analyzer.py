@@ -41,7 +41,8 @@ DEADLINE = "timeout:10000000:int"
 @pytest.fixture(scope="module")
 def perf_analyzer() -> list[str]:
     if not BINARY.is_file():
-        why = f"perf_analyzer is not installed: {BINARY} is missing (scripts/perf-tools.sh installs it; ./scripts/test.sh runs it)"
+        why = (f"perf_analyzer is not installed: {BINARY} is missing (scripts/perf-tools.sh installs it; "
+               "./scripts/test.sh runs it)")
         if os.environ.get("CI"):
             pytest.fail(f"{why}: CI must run it")
         pytest.skip(why)
@@ -121,7 +122,8 @@ def test_closed_loops_up_to_32_are_answered_every_answer_checked(server, perf_an
 
 def test_a_wrong_answer_fails_the_run(server, perf_analyzer, repo_root, tmp_path):
     """The check is real: the mug expected to escalate fails perf_analyzer's run."""
-    data = _data(tmp_path, "mug", [str(repo_root / "samples" / "mug.jpg"), "--expect", "ROUTE", "--url", server.grpc_url])
+    data = _data(tmp_path, "mug",
+                 [str(repo_root / "samples" / "mug.jpg"), "--expect", "ROUTE", "--url", server.grpc_url])
     document = json.loads(data.read_text())
     assert document["validation_data"] == [{"ROUTE": ["efficientnet_lite0_onnx:confident"]}]
     document["validation_data"] = [{"ROUTE": ["resnet50_onnx:escalated"]}]
@@ -179,7 +181,8 @@ def test_the_documented_commands_run_as_they_stand(perf_analyzer, model_repo, tm
     direct = json.loads((checkout / "build" / "perf" / "direct.json").read_text())["validation_data"]
     assert [v["ROUTE"] for v in direct] == [["resnet50_onnx:direct"]] * 12  # what skip_cascade was checked against
     counts: dict[str, float] = {}
-    for code, value in re.findall(r'^bls_requests_total\{(?=[^}]*model="classify_bls")[^}]*code="(\w+)"[^}]*\} (\S+)$', out, re.M):
+    for code, value in re.findall(r'^bls_requests_total\{(?=[^}]*model="classify_bls")[^}]*code="(\w+)"[^}]*\} (\S+)$',
+                                  out, re.M):
         counts[code] = counts.get(code, 0.0) + float(value)
     sent = 24 * 4 + 2 * (1 + 2 + 4 + 8 + 16 + 32)  # four runs of 24 and the sweep
     assert counts.get("OK", 0) >= sent and not any(n for code, n in counts.items() if code != "OK"), counts
@@ -203,9 +206,10 @@ def test_compare_measures_each_target_with_both_tools(perf_analyzer, model_repo,
     images.mkdir()
     (images / "mug.jpg").symlink_to(repo_root / "samples" / "mug.jpg")
     out = tmp_path / "compare"
-    assert perf.main(["compare", "--targets", "ensemble_resnet50", "--concurrency", "2", "--duration", "1", "--warmup", "0.5",
-                      "--rounds", "1", "--stability", "100", "--model-repository", str(model_repo), "--images", str(images),
-                      "--out", str(out)]) == 0
+    assert perf.main(["compare", "--targets", "ensemble_resnet50", "--concurrency", "2", "--duration", "1", "--warmup",
+                      "0.5",
+                      "--rounds", "1", "--stability", "100", "--model-repository", str(model_repo), "--images",
+                      str(images), "--out", str(out)]) == 0
     runs = json.loads((out / "compare.json").read_text())["runs"]
     bench, pa = runs["bench ensemble_resnet50 c=2"]["0"], runs["perf_analyzer ensemble_resnet50 c=2"]["0"]
     assert bench["errors"] == 0 and bench["images_per_s"] > 0 and pa["images_per_s"] > 0

@@ -12,7 +12,6 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,8 @@ from polling import eventually
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None,
-                                 reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run does)")]
+                                 reason="prometheus is not installed (Debian: apt-get install prometheus; .ci/run "
+                                        "does)")]
 
 FLOW = "classify_bls_broken_shape"  # its child answers 10 scores where its config says 1000: INTERNAL
 
@@ -50,8 +50,10 @@ def watched(model_repo, tmp_path, repo_root):
     server.start()
     port = free_port()
     log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([str(repo_root / "deploy" / "monitoring" / "run-prometheus.sh"), "--metrics-port", str(server.options.metrics_port),
-                             "--status-port", str(server.options.status_port), "--interval", "1s", "--listen", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([str(repo_root / "deploy" / "monitoring" / "run-prometheus.sh"), "--metrics-port",
+                             str(server.options.metrics_port),
+                             "--status-port", str(server.options.status_port), "--interval", "1s", "--listen",
+                             f"127.0.0.1:{port}",
                              "--data", str(tmp_path / "prometheus")], stdout=log, stderr=subprocess.STDOUT)
     try:
         yield server, f"127.0.0.1:{port}"
@@ -86,13 +88,14 @@ def test_the_broken_flow_alert_fires_after_one_broken_childs_request(watched, sa
     with pytest.raises(InferenceServerException, match="broken_shape returned output with shape"):
         client.classify([sample_images["mug"]])
     client.close()
-    firing = eventually(lambda: [a for a in _alerts(prometheus, "BLSFlowBroken") if a["state"] == "firing"], "BLSFlowBroken firing",
-                        timeout_s=60.0, every_s=0.5)
+    firing = eventually(lambda: [a for a in _alerts(prometheus, "BLSFlowBroken") if a["state"] == "firing"],
+                        "BLSFlowBroken firing", timeout_s=60.0, every_s=0.5)
     assert firing[0]["labels"]["severity"] == "ticket"
     assert firing[0]["annotations"]["summary"].startswith(f"{FLOW} answered ")
     # The request reached the model: the latency rule reads Triton's own latency summary.
     query = f'bls:request_duration_seconds:p99_1m{{model="{FLOW}"}} > 0'  # a number once a request came
-    p99 = eventually(lambda: _api(prometheus, "query", query=query)["result"], "the p99 recording", timeout_s=60.0, every_s=0.5)
+    p99 = eventually(lambda: _api(prometheus, "query", query=query)["result"], "the p99 recording", timeout_s=60.0,
+                     every_s=0.5)
     assert float(p99[0]["value"][1]) < 60
 
 
@@ -126,10 +129,11 @@ def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_rep
         log = open(tmp_path / "prometheus.log", "wb")
         proc = subprocess.Popen([str(repo_root / "deploy" / "monitoring" / "run-prometheus.sh"), "--metrics-port",
                                  str(bls.ports["metrics"]), "--status-port", str(bls.ports["status"]), "--listen",
-                                 f"127.0.0.1:{port}", "--data", str(tmp_path / "prometheus")], stdout=log, stderr=subprocess.STDOUT)
+                                 f"127.0.0.1:{port}", "--data", str(tmp_path / "prometheus")], stdout=log,
+                                stderr=subprocess.STDOUT)
         prometheus = f"127.0.0.1:{port}"
         try:
-            with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=2) as steady:
+            with Traffic(bls.url("grpc"), "grpc", "classify_bls", mug, threads=2):
                 eventually(lambda: _recorded(prometheus, 'sum(rate(bls_requests_total{model="classify_bls"}[1m])) > 0'),
                            "Prometheus recording classify_bls's requests", timeout_s=120.0, every_s=1.0)
                 assert _alert_state(prometheus, "BLSOverloaded", "classify_bls") == "inactive"
@@ -156,7 +160,7 @@ def test_a_two_minute_overload_pages_while_it_lasts_and_resolves_after(model_rep
                 proc.kill()
             log.close()
     print(f"\n2-minute overload ({len(overload.records)} requests, {refused} refused 503): BLSOverloaded firing "
-          f"{fired if fired is None else round(fired)} s into it; resolved {resolved if resolved is None else round(resolved)} s "
-          f"after it ended")
+          f"{fired if fired is None else round(fired)} s into it; resolved "
+          f"{resolved if resolved is None else round(resolved)} s after it ended")
     assert fired is not None and fired < 120.0, "BLSOverloaded did not fire while the overload lasted"
     assert resolved is not None, "BLSOverloaded still firing 3 minutes after the overload ended"

@@ -22,8 +22,9 @@ def bench_server(repo_root, tmp_path_factory, server_factory):
 
     tmp = tmp_path_factory.mktemp("bench_repo")
     src = tmp / "src"
-    shutil.copytree(repo_root / "models", src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan",
-                                                                            "*.xml", "*.bin", "__pycache__"))
+    shutil.copytree(repo_root / "models", src,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
+                                                  "__pycache__"))
     build_ocr_models(src)  # cached under build/
     bench_repository(src, tmp / "models", keep_branches=False)
     server = server_factory(tmp / "models", tmp, models=("read_text", *BASELINES, *HANDWRITTEN_CALLS))

@@ -46,7 +46,8 @@ def test_triton_tag_is_set_once(repo_root):
 def test_main_job_classifies_the_samples(model_repo, repo_root, tmp_path):
     """bls-demo (what ./scripts/demo.sh runs after setup) on a reader's checkout of the test repository."""
     models = user_checkout(tmp_path, model_repo) / "models"
-    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.tools.demo", "--model-repository", str(models), "--topk", "2"],
+    proc = subprocess.run([sys.executable, "-m", "bls_pipeline.tools.demo", "--model-repository", str(models), "--topk",
+                           "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for protocol in ("HTTP", "GRPC"):
@@ -60,7 +61,8 @@ def test_main_job_classifies_the_samples(model_repo, repo_root, tmp_path):
     assert "RANDOM weights (a test export): not serving it" in proc.stdout
     assert "resnet50_onnx:" not in proc.stdout.split("== classify_bls over HTTP")[1]
     # classify_bls runs its cheap classifier in its own process (run_in_process, as shipped)
-    assert re.search(r"classify_bls calls: efficientnet_lite0_(onnx|int8) \(cascade_classifiers, in process\)", proc.stdout), proc.stdout
+    assert (re.search(r"classify_bls calls: efficientnet_lite0_(onnx|int8) \(cascade_classifiers, in process\)",
+                      proc.stdout)), proc.stdout
     http = proc.stdout.split("== classify_bls over HTTP")[1].split("== classify_bls over GRPC")[0]
     # FP32, or the INT8 engine where the main job kept it (a CPU whose INT8 kernels pass its check)
     assert re.search(r"mug\.jpg\s+0\.\d+\s+coffee mug \(504\)\s+efficientnet_lite0_(onnx|int8):confident", http), http
@@ -94,10 +96,12 @@ def test_the_binary_recipe_sends_a_photo_over_8_mb(server, tmp_path):
     """The recipe with a 10 MB photo: curl's default type (application/x-www-form-urlencoded)
     on a body over ~4.5 MB crashed Triton 2.51's HTTP server, so the recipe says octet-stream."""
     if shutil.which("jq") is None:
-        pytest.fail("jq is not installed: the README's curl commands read their answers with it (apt-get install jq; .ci/run does)")
+        pytest.fail("jq is not installed: the README's curl commands read their answers with it (apt-get install jq; "
+                    ".ci/run does)")
     recipe = _binary_recipe()
     assert "-H 'Content-Type: application/octet-stream'" in recipe
-    pixels = np.random.default_rng(25).integers(0, 256, size=(1800, 2400, 3), dtype=np.uint8)  # noise: JPEG cannot shrink it
+    # noise: JPEG cannot shrink it
+    pixels = np.random.default_rng(25).integers(0, 256, size=(1800, 2400, 3), dtype=np.uint8)
     photo = tmp_path / "noise.jpg"
     Image.fromarray(pixels).save(photo, "JPEG", quality=95, subsampling=0)
     assert photo.stat().st_size > 8 * 2**20

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 
 def test_the_serving_block_answers_every_client(model_repo, tmp_path):
     if shutil.which("jq") is None:
-        pytest.fail("jq is not installed: the README's curl commands read their answers with it (apt-get install jq; .ci/run does)")
+        pytest.fail("jq is not installed: the README's curl commands read their answers with it (apt-get install jq; "
+                    ".ci/run does)")
     (block,) = commands(REPO / "README.md")
     checkout = user_checkout(tmp_path, model_repo)
     result = run_block(block, checkout)
@@ -34,7 +35,8 @@ def test_the_serving_block_answers_every_client(model_repo, tmp_path):
     assert Image.open(checkout / "build" / "drawn" / "sign.png").size == Image.open(REPO / "samples" / "sign.png").size
     (line,) = re.findall(r'^\{"file": "samples/mug\.jpg".*\}$', out, re.M)
     mug = json.loads(line)
-    assert (mug["labels"][0], mug["class_ids"][0], mug["route"]) == ("coffee mug", 504, "efficientnet_lite0_onnx:confident")
+    assert ((mug["labels"][0], mug["class_ids"][0], mug["route"])
+            == ("coffee mug", 504, "efficientnet_lite0_onnx:confident"))
     # curl and jq: the sign's document through read_text (pretty), the mug's through classify_bls (one line).
     (sign,) = (json.loads(m) for m in re.findall(r'^\{\n  "route": .*?^\}$', out, re.M | re.S))
     assert sign["route"] == "text_detector:text" and sign["outputs"] == {"TEXT": "TRITON AVE\nBLS 2026\nFRAGILE"}

@@ -34,7 +34,8 @@ def repo(repo_root, onnx_model, effnet_onnx_model, place_exports, tmp_path_facto
 
 def test_ready_follows_a_flow_loaded_later_and_forgets_it_once_unloaded(repo, tmp_path):
     server = TritonServer(ServerOptions.on_free_ports(repo, tmp_path / "tritonserver.log", models=("classify_bls",),
-                                                      fail_fast=False, status_port=free_port(), watchdog_interval_s=0.5))
+                                                      fail_fast=False, status_port=free_port(),
+                                                      watchdog_interval_s=0.5))
     server.start()
     try:
         ready = f"{server.status_url}/ready"
@@ -48,7 +49,8 @@ def test_ready_follows_a_flow_loaded_later_and_forgets_it_once_unloaded(repo, tm
         server.load_model(LATE)
         code, text = eventually(lambda: (lambda r: r if r[0] == 503 else None)(get(ready)), timeout_s=60,
                                 what=f"not ready for {LATE}")
-        assert f"{LATE} its last probe failed: " in text and "no classifier is ready" in text and "classify_bls " not in text
+        assert (f"{LATE} its last probe failed: " in text and "no classifier is ready" in text
+                and "classify_bls " not in text)
         server.unload_model(LATE)
         eventually(lambda: get(ready) == (200, "ready: classify_bls\n"), timeout_s=60, what=f"ready again, {LATE} gone")
     finally:

@@ -162,7 +162,8 @@ def test_a_killed_flow_instance_fails_only_what_reached_it_before_the_reload(rel
         assert re.search(dead, r.error), r.error
         assert any(killed < r.answered and r.sent < e.recovered_at for killed, e in zip(kills, events)), (r, events)
     for killed, e in zip(kills, events):
-        assert [r for r in failed if killed < r.answered and r.sent < e.recovered_at], "no request reached the dead instance"
+        assert ([r for r in failed if killed < r.answered
+                 and r.sent < e.recovered_at]), "no request reached the dead instance"
         # The other instance kept answering while the dead one was found and reloaded. (Not
         # "sent and answered within the reload": on a busy 2-core machine the fresh copy's load
         # slows every answer past its 1.5 s, and CI once saw none fit.)
@@ -174,7 +175,8 @@ def test_a_killed_flow_instance_fails_only_what_reached_it_before_the_reload(rel
 def test_a_rollout_forward_and_back_under_load_loses_no_request(reliable_server, reliable_repo, sample_images):
     srv = reliable_server
     v1, v2 = f"{MAIN}:direct", f"{MAIN}@2:direct"
-    shutil.copytree(reliable_repo / MAIN / "1", reliable_repo / MAIN / "2", copy_function=os.link)  # the new version's folder
+    # the new version's folder
+    shutil.copytree(reliable_repo / MAIN / "1", reliable_repo / MAIN / "2", copy_function=os.link)
     key = srv.options.admin_key
     with Load(srv, sample_images["mug"]) as load:
         load.wait_for(4)

@@ -132,7 +132,8 @@ def test_classifies_from_the_bucket_like_the_local_repository(s3_server, server,
 
 def _version_ready(server, model: str, version: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/versions/{version}/ready", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/versions/{version}/ready",
+                                    timeout=2) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False

@@ -35,7 +35,8 @@ if QUICK:
         server.stop()
 else:
     @pytest.fixture(scope="module")
-    def smoke_server(server):  # requested by name: the full run puts this file with the session server's (tests/conftest.py)
+    # requested by name: the full run puts this file with the session server's (tests/conftest.py)
+    def smoke_server(server):
         return server
 
 
@@ -63,7 +64,8 @@ def test_classify_bls_answers_a_photo_and_refuses_a_bad_image(smoke_server, samp
 def test_the_metrics_endpoint_is_current(smoke_server, sample_images):
     def images_answered() -> float:
         text = urllib.request.urlopen(smoke_server.metrics_url, timeout=10).read().decode()
-        return sum(float(v) for v in re.findall(r'^bls_images_total\{[^}]*model="classify_bls"[^}]*\} (\S+)$', text, re.M))
+        return sum(float(v)
+                   for v in re.findall(r'^bls_images_total\{[^}]*model="classify_bls"[^}]*\} (\S+)$', text, re.M))
 
     time.sleep(1.0)  # what the tests before sent is on the endpoint by now
     before = images_answered()

@@ -72,7 +72,8 @@ def test_command_line_stamps_both_paths_in_order(shipped_models, monkeypatch, ca
 
 def test_command_line_names_a_missing_classifier(tmp_path, repo_root, capsys):
     repo = tmp_path / "models"
-    shutil.copytree(repo_root / "models", repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
+    shutil.copytree(repo_root / "models", repo,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "__pycache__"))
     with pytest.raises(SystemExit) as exc:
         stagetrace.main(["--requests", "1", "--model-repository", str(repo)])
     assert exc.value.code == 2

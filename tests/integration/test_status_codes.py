@@ -33,7 +33,8 @@ def _jpeg() -> bytes:
     return buf.getvalue()
 
 
-def _failure(server, protocol: str, model: str, images: list[bytes], topk: int | None = None) -> InferenceServerException:
+def _failure(server, protocol: str, model: str, images: list[bytes],
+             topk: int | None = None) -> InferenceServerException:
     """The error the server answers this request with (the test fails if it answers)."""
     tc = tritonclient_module(protocol)
     client = tc.InferenceServerClient(server.url(protocol))
@@ -85,7 +86,8 @@ def test_a_bad_topk_is_invalid_argument(server, protocol):
 def test_too_many_regions_is_invalid_argument(server, protocol, repo_root):
     error = _failure(server, protocol, "read_text_one_region", [(repo_root / "samples" / "sign.png").read_bytes()])
     assert error.status() == _status(protocol, BAD_INPUT)
-    assert re.search(r"IMAGE\[0\]: text_detector found \d+ regions on it, over max_regions_per_image=1", error.message())
+    assert (re.search(r"IMAGE\[0\]: text_detector found \d+ regions on it, over max_regions_per_image=1",
+                      error.message()))
 
 
 # ---- broken: a part of the deployment, failing the same way every time ------------------------
@@ -193,7 +195,8 @@ def test_no_candidate_ready_is_unavailable_naming_the_role(server, protocol):
     before = _rejected(server, "classifiers", "UNAVAILABLE")
     error = _failure(server, protocol, "classify_bls_unready", [_jpeg()])
     assert error.status() == _status(protocol, UNAVAILABLE)
-    assert "no classifier is ready for classifiers (its candidates, in order: resnet50_trt not READY)" in error.message()
+    assert ("no classifier is ready for classifiers (its candidates, in order: resnet50_trt not "
+            "READY)" in error.message())
     _eventually(lambda: _rejected(server, "classifiers", "UNAVAILABLE") - before == 1)
 
 

@@ -53,12 +53,14 @@ def packed_repo(model_repo, tmp_path_factory) -> Path:
         config = (out / model / "config.pbtxt").read_text()
         assert f'"{EXECUTION_ENV_PARAMETER}"' in config and f"$$TRITON_MODEL_DIRECTORY/{report.tarball}" in config
         assert (out / model / report.tarball).is_file()
-    assert EXECUTION_ENV_PARAMETER not in (model_repo / "classify_bls" / "config.pbtxt").read_text()  # the source stays as it was
+    # the source stays as it was
+    assert EXECUTION_ENV_PARAMETER not in (model_repo / "classify_bls" / "config.pbtxt").read_text()
     return out
 
 
 def _serve(repo, python: Path, log: Path) -> TritonServer:
-    server = TritonServer(ServerOptions.on_free_ports(repo, log, models=("classify_bls",), python=python, log_verbose=1))
+    server = TritonServer(ServerOptions.on_free_ports(repo, log, models=("classify_bls",), python=python,
+                                                      log_verbose=1))
     server.start()
     return server
 
@@ -71,7 +73,8 @@ def _classifies(server: TritonServer, sample_images) -> None:
 
 
 def test_without_the_packed_environment_a_bare_python_cannot_load_the_models(model_repo, bare_python, tmp_path):
-    server = TritonServer(ServerOptions.on_free_ports(model_repo, tmp_path / "tritonserver.log", models=("classify_bls",),
+    server = TritonServer(ServerOptions.on_free_ports(model_repo, tmp_path / "tritonserver.log",
+                                                      models=("classify_bls",),
                                                      python=bare_python, startup_timeout_s=120))
     with pytest.raises(RuntimeError, match="No module named"):
         try:
@@ -88,7 +91,8 @@ def test_the_packed_repository_serves_from_a_bare_python(packed_repo, bare_pytho
         _classifies(server, sample_images)
     finally:
         server.stop()
-    started = [line for line in log.read_text(errors="replace").splitlines() if "Starting Python backend stub: source " in line]
+    started = [line for line in log.read_text(errors="replace").splitlines()
+               if "Starting Python backend stub: source " in line]
     assert any("/bin/activate && exec env" in line and "classify_bls" in line for line in started), started[:3]
 
 

@@ -74,8 +74,10 @@ def test_ten_stops_after_grpc_spikes_each_take_seconds_and_exit_0(model_repo, re
         ports = {what: free_port() for what in ("http", "grpc", "metrics", "status")}
         log = tmp_path / f"bls-serve-{run}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([str(Path(sys.executable).parent / "bls-serve"), "--model-repository", str(model_repo),
-                                     "--models", "classify_bls", *[f"--{what}-port={port}" for what, port in ports.items()]],
+            proc = subprocess.Popen([str(Path(sys.executable).parent / "bls-serve"), "--model-repository",
+                                     str(model_repo),
+                                     "--models", "classify_bls",
+                                     *[f"--{what}-port={port}" for what, port in ports.items()]],
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             eventually(lambda: _ready(f"http://127.0.0.1:{ports['status']}/ready") or proc.poll() is not None,

@@ -46,11 +46,12 @@ def _execute_lines(log_file) -> list[dict]:
     return lines
 
 
-def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_rest(model_repo, server_factory, tmp_path,
-                                                                                    sample_images):
+def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_rest(model_repo, server_factory,
+                                                                                    tmp_path, sample_images):
     traces = tmp_path / "traces"
     traces.mkdir()
-    server = server_factory(model_repo, tmp_path, models=(FLOW,), extra_args=trace_args(traces / "trace.json"))  # bls-serve --trace
+    # bls-serve --trace
+    server = server_factory(model_repo, tmp_path, models=(FLOW,), extra_args=trace_args(traces / "trace.json"))
     try:
         image = np.array([[sample_images["mug"]]], dtype=object)
         start = threading.Barrier(4)
@@ -61,7 +62,8 @@ def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_r
             inp = tc.InferInput("IMAGE", [1, 1], "BYTES")
             inp.set_data_from_numpy(image)
             start.wait()
-            assert client.infer(FLOW, [inp], request_id=f"req-{i}").as_numpy("ROUTE")[0, 0] == f"{CHILD}:direct".encode()
+            assert (client.infer(FLOW, [inp], request_id=f"req-{i}").as_numpy("ROUTE")[0, 0]
+                    == f"{CHILD}:direct".encode())
             client.close()
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
@@ -70,7 +72,8 @@ def test_child_calls_join_the_trace_of_the_first_request_and_the_log_names_the_r
         for t in threads:
             t.join(timeout=120)
         deadline = time.monotonic() + 30
-        while len([e for e in _trace_entries(traces, being_written=True) if e.get("model_name") == FLOW]) < 4:  # written as each completes
+        # written as each completes
+        while len([e for e in _trace_entries(traces, being_written=True) if e.get("model_name") == FLOW]) < 4:
             assert time.monotonic() < deadline, "Triton wrote no trace for some request"
             time.sleep(0.2)
     finally:
@@ -142,7 +145,8 @@ def test_bls_serve_as_shipped_traces_nothing(model_repo, sample_images):
         bls.wait_for_line(SERVING)
         argv = open(f"/proc/{bls.tritonserver()}/cmdline", "rb").read().split(b"\0")
         assert not [a for a in argv if a.startswith(b"--trace")], argv
-        request = urllib.request.Request(f"http://{bls.url('http')}/v2/trace/setting", headers={"triton-admin-key": "k"})
+        request = urllib.request.Request(f"http://{bls.url('http')}/v2/trace/setting",
+                                         headers={"triton-admin-key": "k"})
         with urllib.request.urlopen(request, timeout=10) as r:
             assert json.loads(r.read())["trace_level"] == ["OFF"]
         code, text = get(f"http://{bls.url('status')}/requests?slowest=1")

@@ -53,7 +53,8 @@ def _child_probs(server, model_repo, model: str, images: list[bytes]) -> np.ndar
 
 def test_the_vote_is_the_average_of_both_classifiers(server, model_repo, sample_images):
     images = [sample_images["mug"], sample_images["chelsea"]]
-    expected = np.mean([_child_probs(server, model_repo, m, images) for m in ("efficientnet_lite0_onnx", "resnet50_onnx")], axis=0)
+    expected = np.mean([_child_probs(server, model_repo, m, images)
+                        for m in ("efficientnet_lite0_onnx", "resnet50_onnx")], axis=0)
     client = ClassifyClient(server.grpc_url, "grpc", model=MODEL)
     try:
         vote = client.classify(images, topk=5)

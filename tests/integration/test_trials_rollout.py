@@ -137,7 +137,8 @@ def test_shadow_then_canary_then_promotion_under_load(trial_repo, server_factory
         rows = counts["bls_shadow_rows_total"]
         assert known.top1_agree == known.top5_overlap == known.rows == 2
         assert counts["bls_shadow_top1_agree_total"] == counts["bls_shadow_top5_overlap_total"] == rows
-        server_moves = [counts[f"bls_shadow_score_diff_total:{le}"] / rows for le in ("0.001", "0.01", "0.05", "0.1", "0.25", "0.5")]
+        server_moves = [counts[f"bls_shadow_score_diff_total:{le}"] / rows
+                        for le in ("0.001", "0.01", "0.05", "0.1", "0.25", "0.5")]
         assert server_moves == [n / known.rows for n in known.score_diff[:6]]
         assert 0 < server_moves.count(0.0) < 6, server_moves  # it moved: not within the smallest bounds
         # Calls drawn before version 2 was READY were not mirrored; none failed.

@@ -15,7 +15,8 @@ from engine_build.accuracy import GATE, EngineAccuracy, LabelsError, engines_of,
 MODELS = Path(__file__).resolve().parents[2] / "models"
 FAMILY = "efficientnet_lite0"
 # Photo colours and their classes; the classifier below answers by mean colour.
-COLOURS = {"red": ((230, 20, 20), 0), "green": ((20, 230, 20), 1), "blue": ((20, 20, 230), 2), "yellow": ((230, 230, 20), 3)}
+COLOURS = {"red": ((230, 20, 20), 0), "green": ((20, 230, 20), 1), "blue": ((20, 20, 230), 2),
+           "yellow": ((230, 230, 20), 3)}
 
 
 def _colour_classifier(path: Path, yellow_is: int = 3) -> None:
@@ -32,7 +33,8 @@ def _colour_classifier(path: Path, yellow_is: int = 3) -> None:
         [helper.make_node("ReduceMean", ["input"], ["mean"], axes=[2, 3], keepdims=0),
          helper.make_node("MatMul", ["mean", "w"], ["output"])],
         "colours", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 1000])], [numpy_helper.from_array(weights, "w")])
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 1000])],
+        [numpy_helper.from_array(weights, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +46,8 @@ def repo(tmp_path) -> Path:
     """efficientnet_lite0's three CPU model folders, FP32 holding the colour classifier."""
     repo = tmp_path / "models"
     for kind in ("onnx", "int8", "openvino"):
-        shutil.copytree(MODELS / f"{FAMILY}_{kind}", repo / f"{FAMILY}_{kind}", ignore=shutil.ignore_patterns("*.onnx*", "*.xml*", "*.json",
-                                                                                                               "*.bin", "__pycache__"))
+        shutil.copytree(MODELS / f"{FAMILY}_{kind}", repo / f"{FAMILY}_{kind}",
+                        ignore=shutil.ignore_patterns("*.onnx*", "*.xml*", "*.json", "*.bin", "__pycache__"))
     _colour_classifier(repo / f"{FAMILY}_onnx" / "1" / "model.onnx")
     return repo
 
@@ -90,7 +92,8 @@ def test_fp32_and_each_built_engine_are_scored_against_the_labels_and_fp32(repo,
     _colour_classifier(wrong, yellow_is=5)  # one that calls yellow class 5
     assert [e.name for e in engines_of(repo, FAMILY, [wrong])] == ["fp32", "int8", str(wrong)]
     fp32, same, other = measure(repo, FAMILY, photos, extra=[wrong], batch=3)
-    assert (fp32.images, fp32.top1, fp32.agreement, fp32.ratio) == (8, 7 / 8, 1.0, 1.0)  # yellow_small is labelled green
+    # yellow_small is labelled green
+    assert (fp32.images, fp32.top1, fp32.agreement, fp32.ratio) == (8, 7 / 8, 1.0, 1.0)
     assert fp32.top5 == 1.0  # green is among yellow's five best
     assert (same.top1, same.agreement, same.passes) == (7 / 8, 1.0, True)
     assert (other.top1, other.agreement) == (6 / 8, 6 / 8)  # both yellow photos change class; one was right
@@ -102,7 +105,8 @@ def test_fp32_and_each_built_engine_are_scored_against_the_labels_and_fp32(repo,
 
 
 def test_an_openvino_engine_runs_with_its_served_settings(repo, photos):
-    ov = pytest.importorskip("openvino", reason="the OpenVINO engine needs openvino: pip install 'bls-pipeline[openvino]'")
+    ov = pytest.importorskip("openvino",
+                             reason="the OpenVINO engine needs openvino: pip install 'bls-pipeline[openvino]'")
     ir = repo / f"{FAMILY}_openvino" / "1" / "model.xml"
     ov.save_model(ov.convert_model(str(repo / f"{FAMILY}_onnx" / "1" / "model.onnx")), str(ir), compress_to_fp16=False)
     ir.with_name("model.xml.json").write_text('{"weights": "pretrained", "precision": "fp32"}')
@@ -131,7 +135,8 @@ def test_the_command_prints_the_table_and_names_a_missing_export(repo, photos, t
     assert '"top1": 0.875' in (tmp_path / "out.json").read_text()
     (repo / f"{FAMILY}_onnx" / "1" / "model.onnx").unlink()
     assert main(["accuracy", "--model", FAMILY, "--images", str(photos), "--model-repository", str(repo)]) == 2
-    assert "model.onnx is missing: run `python -m engine_build export --model efficientnet_lite0` first" in capsys.readouterr().err
+    assert ("model.onnx is missing: run `python -m engine_build export --model efficientnet_lite0` "
+            "first" in capsys.readouterr().err)
 
 
 # ---- the main job's default engine (engine_build/defaults.py) ------------------------------------

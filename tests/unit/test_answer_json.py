@@ -58,8 +58,8 @@ def test_each_image_gets_its_own_regions_not_the_requests_padding():
         "route": "det:text", "labels": [], "scores": [], "class_ids": [],
         "outputs": {"TEXT": "Straße\n東京"},
         "regions": [
-            {"box": [1.5, 2.0, 30.0, 40.0], "route": "orient:upright", "labels": ["0"], "scores": [0.93], "class_ids": [0],
-             "outputs": {"REGION_TEXT": "Straße", "REGION_CONFIDENCE": 0.25}},
+            {"box": [1.5, 2.0, 30.0, 40.0], "route": "orient:upright", "labels": ["0"], "scores": [0.93],
+             "class_ids": [0], "outputs": {"REGION_TEXT": "Straße", "REGION_CONFIDENCE": 0.25}},
             {"box": [5.0, 6.0, 7.0, 8.0], "route": "too_small", "labels": [], "scores": [], "class_ids": [],
              "outputs": {"REGION_TEXT": "", "REGION_CONFIDENCE": None}},  # NaN: null
         ]}
@@ -78,7 +78,8 @@ def test_the_document_is_strict_utf8_json_with_float32_scores_as_printed():
     assert strict(data) == {"route": "effnet:confident", "labels": ["coffee mug", "cup"], "scores": [0.93, 0.012],
                             "class_ids": [504, 968], "outputs": {"SHARPNESS": None, "FLAGS": [True, False, True]}}
     text = encode(documents(region_response(), DIMS)[0])
-    assert "Straße\\n東京".encode() in text and strict(text)["outputs"]["TEXT"] == "Straße\n東京"  # UTF-8, not \\u escapes
+    # UTF-8, not \\u escapes
+    assert "Straße\\n東京".encode() in text and strict(text)["outputs"]["TEXT"] == "Straße\n東京"
     with pytest.raises(ValueError):
         encode({"score": float("nan")})
 
@@ -202,7 +203,8 @@ def repo(tmp_path) -> Path:
 
 def test_the_runtime_writes_each_images_document_from_its_answer(repo):
     with LocalFlow(repo / "dark_spots", {"det": find_dark, "shade": shade}) as flow:  # the load check runs it too
-        (both, alone), _ = flow.run([ImageRequest([png((8, 16, 24, 40)), png(None)]), ImageRequest([png((0, 0, 64, 8))])])
+        (both, alone), _ = flow.run([ImageRequest([png((8, 16, 24, 40)), png(None)]),
+                                     ImageRequest([png((0, 0, 64, 8))])])
     assert both.outputs["JSON"].shape == (2, 1) and both.outputs["JSON"].dtype == object
     spotted, clean = (strict(row) for row in both.outputs["JSON"][:, 0])
     assert spotted == {"route": "det:spots", "labels": [], "scores": [], "class_ids": [], "outputs": {"SPOTS": 1},
@@ -215,16 +217,20 @@ def test_the_runtime_writes_each_images_document_from_its_answer(repo):
     assert list(spotted["regions"][0]["outputs"]) == ["SPOT_SIZE", "SPOT_NOTE"]
     # The second image of the request: its region rows are padding in the tensors, none in its document.
     assert both.outputs["REGION_BOXES"].shape == (2, 1, 4)
-    assert clean == {"route": "det:clean", "labels": [], "scores": [], "class_ids": [], "outputs": {"SPOTS": 0}, "regions": []}
+    assert (clean
+            == {"route": "det:clean", "labels": [], "scores": [], "class_ids": [], "outputs": {"SPOTS": 0},
+                "regions": []})
     # The other request's image: its own region (the run's second: the clean image has none), noted as such.
     (region,) = strict(alone.outputs["JSON"][0, 0])["regions"]
-    assert region["box"] == [0.0, 0.0, 64.0, 8.0] and region["outputs"] == {"SPOT_SIZE": 512, "SPOT_NOTE": "tache sombre à 1"}
+    assert (region["box"] == [0.0, 0.0, 64.0, 8.0]
+            and region["outputs"] == {"SPOT_SIZE": 512, "SPOT_NOTE": "tache sombre à 1"})
 
 
 def test_only_the_requests_asking_for_it_get_their_documents_made(repo):
     """The server passes the outputs each client asked for: JSON is made for those that did."""
     with LocalFlow(repo / "dark_spots", {"det": find_dark, "shade": shade}) as flow:
-        (labels_only, with_json), _ = flow.run([ImageRequest([png((8, 16, 24, 40))], outputs=frozenset({"LABELS", "SPOTS"})),
+        (labels_only, with_json), _ = flow.run([ImageRequest([png((8, 16, 24, 40))],
+                                                             outputs=frozenset({"LABELS", "SPOTS"})),
                                                 ImageRequest([png((8, 16, 24, 40))], outputs=frozenset({"JSON"}))])
     assert "JSON" not in labels_only.outputs and labels_only.outputs["SPOTS"].tolist() == [[1]]
     assert strict(with_json.outputs["JSON"][0, 0])["outputs"] == {"SPOTS": 1}
@@ -239,5 +245,6 @@ def test_a_flow_that_does_not_declare_it_gets_none_and_cannot_fill_it(repo):
     flow_file = repo / "dark_spots" / "1" / "flow.py"
     flow_file.write_text(flow_file.read_text().replace('return answer.output("SPOTS", count)',
                                                        'return answer.output("JSON", count).output("SPOTS", count)'))
-    with pytest.raises(ConfigError, match=r"answer.output\('JSON'\): the runtime writes JSON from the rest of the answer"):
+    with pytest.raises(ConfigError,
+                       match=r"answer.output\('JSON'\): the runtime writes JSON from the rest of the answer"):
         LocalFlow(repo / "dark_spots", {"det": find_dark, "shade": shade})

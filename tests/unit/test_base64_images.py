@@ -43,7 +43,8 @@ def test_base64_plain_and_data_uri_decode_to_the_same_pixels(fmt):
 @pytest.mark.parametrize(("payload", "reason", "message"), [
     (base64.b64encode(b"<html>not an image</html>"), "unsupported_format",
      "not a decodable image (allowed formats: JPEG, PNG, WEBP, BMP, GIF, TIFF) (in the base64 text sent)"),
-    (base64.b64encode(BINARY["PNG"][:60]), "corrupt", "cannot decode PNG image: image file is truncated (in the base64 text sent)"),
+    (base64.b64encode(BINARY["PNG"][:60]), "corrupt",
+     "cannot decode PNG image: image file is truncated (in the base64 text sent)"),
     (b"data:image/png;base64,@@@@", "corrupt", "the data URI's payload is not valid base64"),
 ])
 def test_base64_that_is_not_an_image_says_so(payload, reason, message):

@@ -86,7 +86,8 @@ def test_a_failed_request_reads_as_gone_refused_by_whom_or_an_error(status, mess
 
 def test_a_tally_counts_each_outcome_and_who_refused():
     tally = Tally()
-    for outcome in ("ok", "ok", "refused: queue full", "refused: queue timeout", "refused: model", "gone", "error: 400 x"):
+    for outcome in ("ok", "ok", "refused: queue full", "refused: queue timeout", "refused: model", "gone",
+                    "error: 400 x"):
         tally.record(outcome, 1.0, 1.25)
     assert tally.answered_ms == [250.0, 250.0] and tally.answered_at == [1.25, 1.25]
     assert len(tally.refused_ms) == 3 and tally.refused_by_queue == 2 and tally.refused_by["model"] == 1
@@ -149,7 +150,8 @@ def test_no_quiet_fall_back_when_the_flows_counts_cannot_be_read(metrics_endpoin
     nowhere = f"http://127.0.0.1:{free_port()}/metrics"
     with pytest.raises(MetricsUnreadable, match=rf"cannot read the server's metrics at {nowhere}.*--metrics-port"):
         FinishedCounter.for_model("classify_bls", nowhere, "127.0.0.1:1", "grpc")
-    _Metrics.texts = ['nv_inference_request_success{model="classify_bls",version="1"} 342\n']  # another server's, no flows
+    # another server's, no flows
+    _Metrics.texts = ['nv_inference_request_success{model="classify_bls",version="1"} 342\n']
     with pytest.raises(MetricsUnreadable, match="has no bls_requests_total.*classify_bls"):
         FinishedCounter.for_model("classify_bls", metrics_endpoint, "127.0.0.1:1", "grpc", is_flow=True)
     with pytest.raises(MetricsUnreadable, match="is a flow"):
@@ -166,7 +168,8 @@ def test_a_settled_read_waits_for_the_flows_flushed_counts(metrics_endpoint):
 
 # ---- the tables --------------------------------------------------------------------------------
 def _open_result(**changes) -> OpenLoopResult:
-    fields = dict(target="classify_bls", protocol="grpc", timeout_parameter=False, capacity_per_s=100.0, capacity_measured=True,
+    fields = dict(target="classify_bls", protocol="grpc", timeout_parameter=False, capacity_per_s=100.0,
+                  capacity_measured=True,
                   load=0.8, rate_per_s=80.0, duration_s=10.0, deadline_s=2.0, sent=800, sent_per_s=80.0, answered=790,
                   answer_p50_ms=20.0, answer_p99_ms=180.0, refused=8,
                   refused_by={"queue full": 6, "queue timeout": 0, "model": 2}, refusal_p99_ms=3.0, deadlines_passed=2,
@@ -184,18 +187,23 @@ def test_the_open_loop_table_has_a_row_per_load_and_says_who_refused():
     assert "FELL BEHIND" not in rows[0] and "20 (p99 1 ms) FELL BEHIND" in rows[1]  # 20 of 800 late: over 1%
     assert "12 JPEGs" in table and "max_queue_size 16" in table and f"{LATE_MS:g} ms behind" in table
     assert TRITON_SUCCESS_COUNTS not in table
-    counted_by_triton = openloop.markdown([_open_result(target="ensemble_resnet50", finished_counted_by="Triton's success count")], {})
+    counted_by_triton = openloop.markdown([_open_result(target="ensemble_resnet50",
+                                                        finished_counted_by="Triton's success count")], {})
     assert "| 792 * (2) |" in counted_by_triton and TRITON_SUCCESS_COUNTS in counted_by_triton
 
 
 def test_the_overload_table_has_a_row_per_factor():
-    base = dict(target="classify_bls", protocol="http", capacity_images_per_s=100.0, normal_p50_ms=30.0, normal_p99_ms=90.0,
+    base = dict(target="classify_bls", protocol="http", capacity_images_per_s=100.0, normal_p50_ms=30.0,
+                normal_p99_ms=90.0,
                 deadline_s=0.5, spike_s=30.0, finished_for_gone=10, gone_share=0.01, refused=50, refused_by_queue=40,
                 refusal_p50_ms=2.0, refusal_p99_ms=60.0, deadlines_passed=10, errors=0, recovery_s=1.5, load_cores=0.2,
                 timeout_parameter=False, refused_by={"queue full": 40, "model": 10},
                 finished_counted_by='bls_requests_total{code="OK"}')
-    results = [overload.OverloadResult(**base, clients=200, in_time_per_s=85.0, goodput_ratio=0.85, finished=2560, factor=4.0),
-               overload.OverloadResult(**base, clients=400, in_time_per_s=70.0, goodput_ratio=0.70, finished=2110, factor=8.0)]
+    results = [overload.OverloadResult(**base, clients=200, in_time_per_s=85.0, goodput_ratio=0.85, finished=2560,
+                                       factor=4.0),
+               overload.OverloadResult(**base, clients=400, in_time_per_s=70.0, goodput_ratio=0.70, finished=2110,
+                                       factor=8.0)]
     table = overload.markdown(results, {"image_set": "12 JPEGs"})
-    assert "| classify_bls | http, deadline only | 4 | 100.0 |" in table and "| classify_bls | http, deadline only | 8 | 100.0 |" in table
+    assert ("| classify_bls | http, deadline only | 4 | 100.0 |" in table
+            and "| classify_bls | http, deadline only | 8 | 100.0 |" in table)
     assert "| 50 (40 / 0 / 10) |" in table and "4x, 8x overload" in table and TRITON_SUCCESS_COUNTS not in table

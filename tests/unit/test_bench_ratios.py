@@ -33,7 +33,8 @@ def test_ratios_pair_points_of_the_same_round():
             runs.setdefault(("ensemble_resnet50", c), []).append(_point("ensemble_resnet50", c, ens))
     prep = [{"image": "500x375 JPEG", "draft_min_side": 256, "ms_per_image": 1.5, "ms_per_image_cold_cache": 2.0}]
     median, per_round = ratios(runs, prep)
-    assert [round(r["classify_bls / classifier images/s at c=8"], 4) for r in per_round] == [round(40 / 45, 4), round(20 / 21, 4), round(38 / 46, 4)]
+    assert ([round(r["classify_bls / classifier images/s at c=8"], 4) for r in per_round]
+            == [round(40 / 45, 4), round(20 / 21, 4), round(38 / 46, 4)])
     assert median["classify_bls / classifier images/s at c=8"] == sorted([40 / 45, 20 / 21, 38 / 46])[1]
     assert median["classify_bls / ensemble images/s at c=1"] == sorted([40 / 41, 20 / 19, 38 / 39])[1]
     assert median["classify_bls p50 - (classifier p50 + preprocess) ms at c=1"] == 5.0 - 1.5 + 0.0
@@ -41,7 +42,9 @@ def test_ratios_pair_points_of_the_same_round():
 
 def test_the_bench_repository_serves_every_target(tmp_path):
     src = tmp_path / "models"
-    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
+    shutil.copytree(MODELS, src,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
+                                                  "*.xml.json", "__pycache__"))
     for onnx in src.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"an export")
     dst = tmp_path / "bench" / "models"
@@ -68,7 +71,8 @@ def test_region_targets_compare_regions_per_second_within_a_round():
     runs = {}
     for batched, single in ((120.0, 40.0), (60.0, 30.0)):  # round 2 slow for both
         for c in (1, 8):
-            runs.setdefault(("read_text", c), []).append(replace(_point("read_text", c, batched / 4), regions_per_s=batched))
+            runs.setdefault(("read_text", c), []).append(replace(_point("read_text", c, batched / 4),
+                                                                 regions_per_s=batched))
             runs.setdefault(("read_text_per_region", c), []).append(
                 replace(_point("read_text_per_region", c, single / 4), regions_per_s=single))
     _, per_round = ratios(runs, [])
@@ -95,7 +99,8 @@ def test_the_text_pages_are_deterministic_pngs():
 def test_read_text_is_compared_with_each_per_region_baseline_within_a_round():
     runs = {}
     for batched, flow_loop, handwritten in ((120.0, 40.0, 60.0), (60.0, 30.0, 20.0)):  # round 2 slow for all
-        for target, regions in (("read_text", batched), ("read_text_per_region", flow_loop), (HANDWRITTEN, handwritten)):
+        for target, regions in (("read_text", batched), ("read_text_per_region", flow_loop),
+                                (HANDWRITTEN, handwritten)):
             runs.setdefault((target, 8), []).append(replace(_point(target, 8, regions / 4), regions_per_s=regions))
     median, per_round = ratios(runs, [])
     assert [r[f"read_text / {HANDWRITTEN} regions/s at c=8"] for r in per_round] == [2.0, 3.0]
@@ -118,13 +123,16 @@ def test_the_handwritten_baseline_is_served_with_read_texts_batching_and_thresho
     assert {"min_height", "min_box_score", "flip_threshold", "min_confidence", "draft_min_side"} == set(mine)
     from bls_pipeline.runtime.load.loader import flow_settings
 
-    runtime, settings = flow_settings(src / "read_text")  # read_text's as it loads them: its flow's defaults, its config
-    assert {k: float(v) for k, v in mine.items()} == {**{k: getattr(settings, k) for k in mine if k != "draft_min_side"},
+    # read_text's as it loads them: its flow's defaults, its config
+    runtime, settings = flow_settings(src / "read_text")
+    assert {k: float(v) for k, v in mine.items()} == {**{k: getattr(settings, k) for k in mine
+                                                         if k != "draft_min_side"},
                                                       "draft_min_side": runtime.decode.draft_min_side}
     outputs = {o.name: o for o in theirs.output}
     assert all(o == outputs[o.name] for o in ours.output) and [i.name for i in ours.input] == ["IMAGE"]
     source = (dst / HANDWRITTEN / "1" / "model.py").read_text()
-    assert "pb_utils.InferenceRequest(" in source and "bls_pipeline.flow" not in source  # pb_utils alone, no flow runtime
+    # pb_utils alone, no flow runtime
+    assert "pb_utils.InferenceRequest(" in source and "bls_pipeline.flow" not in source
     plan = plan_loading(dst, {"python"}, only=(HANDWRITTEN, *HANDWRITTEN_CALLS))
     assert {HANDWRITTEN, *HANDWRITTEN_CALLS} <= set(plan.load), plan.skipped
 
@@ -146,17 +154,19 @@ def test_the_one_model_peer_runs_the_same_engine_and_is_compared_within_a_round(
     from bls_pipeline.tools.bench_targets import PEER
 
     src = tmp_path / "models"
-    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "__pycache__"))
+    shutil.copytree(MODELS, src,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "__pycache__"))
     bench_repository(src, tmp_path / "bench", keep_branches=False, engines=("resnet50_int8",), peers=("resnet50_int8",))
     name = served_model(f"{PEER}@resnet50_int8")
     assert name == f"{PEER}__resnet50_int8" and (tmp_path / "bench" / name / "1" / "model.py").is_file()
     config = parse_config(tmp_path / "bench" / name)
     assert string_parameters(config)["engine"] == "resnet50_int8" and config.name == name
     bls = parse_config(MODELS / "classify_bls")  # the peer queues, batches and scales as classify_bls does
-    assert (config.max_batch_size, config.instance_group, config.dynamic_batching) == (bls.max_batch_size, bls.instance_group,
-                                                                                    bls.dynamic_batching)
+    assert ((config.max_batch_size, config.instance_group, config.dynamic_batching)
+            == (bls.max_batch_size, bls.instance_group, bls.dynamic_batching))
     runs = {(t, c): [_point(t, c, ips * (2 if c == 8 else 1), p50)]
-            for t, ips, p50 in (("classify_bls", 20, 50), (f"{PEER}@resnet50_onnx", 25, 45), ("classify_bls@resnet50_int8", 60, 18),
+            for t, ips, p50 in (("classify_bls", 20, 50), (f"{PEER}@resnet50_onnx", 25, 45),
+                                ("classify_bls@resnet50_int8", 60, 18),
                                 (f"{PEER}@resnet50_int8", 50, 16)) for c in (1, 8)}
     median, _ = ratios(runs, [])
     assert median[f"classify_bls@resnet50_int8 / {PEER}@resnet50_int8 images/s at c=8"] == 60 / 50

@@ -49,7 +49,8 @@ def test_bls_serve_binds_loopback_unless_given_a_host(launched, tmp_path, capsys
     default, given = launched
     assert (default.host, default.http_port, default.grpc_port, default.metrics_port) == ("127.0.0.1", 8000, 8001, 8002)
     assert default.models is None and len(default.admin_key) >= 16  # random per run
-    assert (given.host, given.http_port, given.models, given.admin_key) == ("127.0.0.2", 9000, ("resnet50_onnx", "classify_bls"), "k")
+    assert ((given.host, given.http_port, given.models, given.admin_key)
+            == ("127.0.0.2", 9000, ("resnet50_onnx", "classify_bls"), "k"))
     assert capsys.readouterr().err.splitlines() == ["bls-serve: error: stand-in launcher"] * 2
 
 
@@ -111,7 +112,8 @@ def test_the_tritonserver_command_line_says_what_bls_serve_was_asked(tmp_path):
     on_path = Binary(Path("/opt/tritonserver/bin/tritonserver"), None, {}, is_embedded=False)
     plain = tritonserver_argv(on_path, ServerOptions(tmp_path), "s3://bucket/models", ("m",), "p_", gpu=True)
     assert plain[1] == "--model-repository=s3://bucket/models" and "--exit-on-error=true" in plain
-    assert not any(a.startswith(("--pinned-memory-pool-byte-size", "--trace-config", "--backend-directory")) for a in plain)
+    assert (not any(a.startswith(("--pinned-memory-pool-byte-size", "--trace-config", "--backend-directory"))
+                    for a in plain))
 
 
 # ---- a tritonserver that dies on its own ---------------------------------------------------------
@@ -184,7 +186,8 @@ def test_bls_serve_restarts_a_server_that_died_until_it_serves(quick_backoff, ca
     assert fake.restart_causes == {"crashed": 2, "exited": 0, "hung": 0, "start_failed": 1}
     deaths = [r.getMessage() for r in caplog.records if "not on a stop" in r.getMessage()]
     assert len(deaths) == 3 and all("the requests in flight were lost" in m for m in deaths)
-    assert deaths[0].startswith("tritonserver died of SIGSEGV after 2 s serving") and "(restart 1, BLS_SERVER_RESTARTS=1)" in deaths[0]
+    assert (deaths[0].startswith("tritonserver died of SIGSEGV after 2 s serving")
+            and "(restart 1, BLS_SERVER_RESTARTS=1)" in deaths[0])
     assert "could not be started again (tritonserver exited with code 1 before it was ready)" in deaths[1]
     restarted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tritonserver restarted")]
     assert [m.split(":")[0] for m in restarted] == ["tritonserver restarted (restart 2, BLS_SERVER_RESTARTS=2)",
@@ -198,7 +201,8 @@ def test_a_server_that_hangs_is_killed_and_restarted_with_its_cause(quick_backof
     assert cli._serve(fake, stop, restart=True) is None
     assert fake.kills == 1 and fake.restarts == 2
     assert fake.restart_causes == {"crashed": 0, "exited": 0, "hung": 1, "start_failed": 1}
-    assert "tritonserver did not answer (no answer over HTTP for 8.0 s (timed out)) and was killed with its group" in caplog.text
+    assert ("tritonserver did not answer (no answer over HTTP for 8.0 s (timed out)) and was killed with its "
+            "group" in caplog.text)
     assert "tritonserver restarted (restart 2, BLS_SERVER_RESTARTS=2): serving classify_bls again" in caplog.text
 
 
@@ -224,7 +228,8 @@ def test_no_restart_exits_1_when_the_server_dies(quick_backoff, caplog):
     fake = DiesOnItsOwn(stop, deaths=1)
     assert cli._serve(fake, stop, restart=False) == 1
     assert fake.restarts == 0 and fake.stops == [False]
-    assert "tritonserver died of SIGSEGV after 2 s serving, not on a stop" in caplog.text and "--no-restart" in caplog.text
+    assert ("tritonserver died of SIGSEGV after 2 s serving, not on a stop" in caplog.text
+            and "--no-restart" in caplog.text)
 
 
 def test_a_stop_during_the_backoff_ends_bls_serve_at_once(monkeypatch):

@@ -12,7 +12,8 @@ from bls_pipeline.serve.tritonserver import load_problems
 def test_a_load_model_not_built_or_not_there_is_named_with_its_cause(repo_root, tmp_path):
     repo = tmp_path / "models"
     for name in ("efficientnet_lite0_int8", "image_quality"):
-        shutil.copytree(repo_root / "models" / name, repo / name, ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
+        shutil.copytree(repo_root / "models" / name, repo / name,
+                        ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
     backends = tmp_path / "backends"
     (backends / "python").mkdir(parents=True)
     command = ["tritonserver", f"--backend-directory={backends}"]

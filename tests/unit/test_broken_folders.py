@@ -30,8 +30,8 @@ def repo(tmp_path) -> Path:
     dst = tmp_path / "models"
     for name in Repository.read(MODELS).closure(("classify_bls",)):
         shutil.copytree(MODELS / name, dst / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
-                                                      "*.xml.json", "__pycache__"))
+                        ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml",
+                                                      "*.bin", "*.xml.json", "__pycache__"))
     for onnx in dst.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"")
     (dst / "broken" / "1").mkdir(parents=True)
@@ -41,7 +41,8 @@ def repo(tmp_path) -> Path:
 
 @pytest.mark.parametrize("text, reason", [
     (UNPARSABLE, ":3:20: 'max_batch_size: 64 {': Expected identifier or number, got {."),
-    ('name: "broken"\nmax_batch_sise: 8\n', ':2:1: Message type "inference.ModelConfig" has no field named "max_batch_sise".'),
+    ('name: "broken"\nmax_batch_sise: 8\n',
+     ':2:1: Message type "inference.ModelConfig" has no field named "max_batch_sise".'),
     (b'name: "\xff"\n', ": not UTF-8 text (byte 7: invalid start byte)"),
 ])
 def test_a_config_that_does_not_read_is_named_with_where_and_why_on_one_line(tmp_path, text, reason):
@@ -114,7 +115,8 @@ def test_a_wanted_broken_folder_shows_as_a_failed_load_until_triton_knows_better
     assert states.states["broken"]["state"] == "READY"
 
 
-def test_bls_serve_fail_fast_exits_2_naming_the_file_and_leaves_no_temporary_folder(repo, tmp_path, monkeypatch, capsys):
+def test_bls_serve_fail_fast_exits_2_naming_the_file_and_leaves_no_temporary_folder(repo, tmp_path, monkeypatch,
+                                                                                    capsys):
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))

@@ -24,7 +24,8 @@ def white_png(size=(320, 240), exif_orientation: int | None = None) -> bytes:
 
 
 SIGN = {"route": "text_detector:text", "labels": [], "scores": [], "class_ids": [], "outputs": {"TEXT": "TRITON AVE"},
-        "regions": [{"box": [100, 120, 300, 200], "route": "text_orientation:upright", "labels": ["0"], "scores": [0.99],
+        "regions": [{"box": [100, 120, 300, 200], "route": "text_orientation:upright", "labels": ["0"],
+                     "scores": [0.99],
                      "class_ids": [0], "outputs": {"REGION_TEXT": "TRITON AVE", "REGION_CONFIDENCE": 0.98}},
                     {"box": [10, 220, 40, 230], "route": "too_small", "labels": [], "scores": [], "class_ids": [],
                      "outputs": {"REGION_TEXT": "", "REGION_CONFIDENCE": 0.0}}]}
@@ -42,7 +43,8 @@ def test_each_region_is_boxed_with_its_caption_above_and_the_rest_left_alone():
     assert (pixels[60:100, 200:318] == WHITE).all()
     # The caption: a band of the region's colour above the box, white text in it.
     ys, xs = np.nonzero((pixels[:120] == red).all(axis=2))
-    assert ys.min() > 90 and xs.min() == 100 and 40 < xs.max() - xs.min() < 200  # on the box's top left, as wide as its text
+    # on the box's top left, as wide as its text
+    assert ys.min() > 90 and xs.min() == 100 and 40 < xs.max() - xs.min() < 200
     band = pixels[ys.min():120, xs.min():xs.max() + 1]
     assert (band.min(axis=2) > 120).mean() > 0.05  # the text: light strokes on the band (antialiased)
     # The image's own caption in the top left corner: its route (read_text answers with no label).
@@ -59,7 +61,8 @@ def test_captions_say_the_text_else_the_top_label_else_the_route():
 
 
 def test_a_flow_without_regions_gets_its_top_label_and_nothing_else():
-    mug = {"route": "efficientnet_lite0_onnx:confident", "labels": ["coffee mug"], "scores": [0.925], "class_ids": [504]}
+    mug = {"route": "efficientnet_lite0_onnx:confident", "labels": ["coffee mug"], "scores": [0.925],
+           "class_ids": [504]}
     pixels = np.asarray(draw_answer(white_png(), mug))
     drawn = (pixels != WHITE).any(axis=2)
     ys, xs = np.nonzero(drawn)

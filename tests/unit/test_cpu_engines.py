@@ -44,7 +44,8 @@ def test_native_config_is_the_python_config_on_tritons_own_backend(family, kind)
     # The flows read config.pbtxt whichever config Triton loaded: it must describe the same model.
     assert child_model(name, native, MODELS / name) == load_child(MODELS, name)
     preprocess = {k: v for k, v in string_parameters(python).items() if k.startswith("preprocess_")}
-    assert preprocess and {k: v for k, v in string_parameters(native).items() if k.startswith("preprocess_")} == preprocess
+    assert (preprocess
+            and {k: v for k, v in string_parameters(native).items() if k.startswith("preprocess_")} == preprocess)
     assert preprocess == {k: v for k, v in string_parameters(parse_config(MODELS / f"{family}_onnx")).items()
                           if k.startswith("preprocess_")}
 
@@ -106,7 +107,8 @@ def test_artifact_problem_finds_truncated_and_foreign_engines(tmp_path):
     (tmp_path / "html.onnx").write_bytes(b"<html>404 Not Found</html>")
     assert "not an ONNX model" in artifact_problem(tmp_path / "html.onnx")
     ir = tmp_path / "model.xml"
-    ir.write_text('<?xml version="1.0"?><net name="m"><layers><layer><data offset="0" size="64"/></layer></layers></net>')
+    ir.write_text('<?xml version="1.0"?><net name="m"><layers><layer><data offset="0" '
+                  'size="64"/></layer></layers></net>')
     assert "model.bin (its weights) is missing" == artifact_problem(ir)
     ir.with_suffix(".bin").write_bytes(bytes(10))
     assert "shorter (10 bytes) than the IR needs (64)" in artifact_problem(ir)
@@ -118,7 +120,8 @@ def test_artifact_problem_finds_truncated_and_foreign_engines(tmp_path):
 
 def test_bls_serve_skips_a_missing_or_corrupt_engine_and_says_why(tmp_path):
     repo = tmp_path / "models"
-    shutil.copytree(MODELS, repo, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "*.plan",
+    shutil.copytree(MODELS, repo,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "*.plan",
                                                                  "__pycache__"))
     for name in ("resnet50_onnx", "efficientnet_lite0_onnx"):
         (repo / name / "1" / "model.onnx").write_bytes(b"")  # exported (the ONNX is not checked: onnx.checker did)
@@ -138,11 +141,13 @@ def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
     from bls_pipeline.serve.client import tritonclient_module
 
     src = tmp_path / "models"
-    shutil.copytree(MODELS, src, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "*.plan",
+    shutil.copytree(MODELS, src,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.json", "*.xml", "*.bin", "*.plan",
                                                                 "__pycache__"))
     bench_repository(src, tmp_path / "bench", keep_branches=False, engines=("resnet50_int8",))
     variant = string_parameters(parse_config(tmp_path / "bench" / served_model("classify_bls@resnet50_int8")))
-    assert (variant["classifiers"], variant["cascade_classifiers"], variant["tta_threshold"]) == ("resnet50_int8", "none", "0")
+    assert ((variant["classifiers"], variant["cascade_classifiers"], variant["tta_threshold"])
+            == ("resnet50_int8", "none", "0"))
     # The FP32 baseline stays FP32 onnxruntime whatever engine comes first in the shipped list.
     assert string_parameters(parse_config(tmp_path / "bench" / "classify_bls"))["classifiers"] == "resnet50_onnx"
     tc = tritonclient_module("http")
@@ -153,7 +158,8 @@ def test_bls_bench_runs_an_engine_behind_classify_bls_and_alone(tmp_path):
         return Point(target, c, ips, p50, p50, p50, 100, 0, 0.0, 0.0)
 
     runs = {(t, c): [point(t, c, ips * (1 if c == 1 else 2), p50)]
-            for t, ips, p50 in (("classify_bls", 20, 50), ("classifier", 22, 45), ("classify_bls@resnet50_int8", 60, 30),
+            for t, ips, p50 in (("classify_bls", 20, 50), ("classifier", 22, 45),
+                                ("classify_bls@resnet50_int8", 60, 30),
                                 ("classifier@resnet50_int8", 70, 20)) for c in (1, 8)}
     median, _ = ratios(runs, [])
     assert median["classify_bls@resnet50_int8 / classify_bls images/s at c=8"] == 3.0

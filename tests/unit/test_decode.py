@@ -252,7 +252,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
     ("data", "expected"),
     [(PNG_SIGNATURE, "cannot read PNG header: the header is truncated"),
      # Pillow quotes the bad chunk name; the client's bytes (a '/' here) are not echoed back.
-     (PNG_SIGNATURE + struct.pack(">I", 13) + b"IH/R" + bytes(17), "cannot read PNG header: broken PNG file (chunk <bytes>)"),
+     (PNG_SIGNATURE + struct.pack(">I", 13) + b"IH/R" + bytes(17),
+      "cannot read PNG header: broken PNG file (chunk <bytes>)"),
      (b"\xff\xd8\xff" + bytes(64), "cannot read JPEG header: no image found after the signature"),
      (b"GIF89a" + bytes(5), "cannot read GIF header: the header is truncated")],
     ids=["png-signature-only", "png-bad-chunk-name", "jpeg-no-frame", "gif-short"],

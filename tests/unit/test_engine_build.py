@@ -18,7 +18,8 @@ def test_trt_without_tensorrt_exits_nonzero_with_a_clear_message(tmp_path):
         pass
     onnx = tmp_path / "model.onnx"
     onnx.write_bytes(b"not used")
-    proc = subprocess.run([sys.executable, "-m", "engine_build", "trt", "--onnx", str(onnx), "--output", str(tmp_path / "m.plan"),
+    proc = subprocess.run([sys.executable, "-m", "engine_build", "trt", "--onnx", str(onnx), "--output",
+                           str(tmp_path / "m.plan"),
                            "--config", str(tmp_path / "config.pbtxt")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "TensorRT's Python package is not installed" in proc.stderr

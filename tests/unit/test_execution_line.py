@@ -24,15 +24,16 @@ def test_one_record_names_every_request_the_failed_ones_and_whose_trace_the_call
     times.ms = {"read": 0.1, "decode_preprocess": 12.3, "flow": 250.0, "child_calls": 200.0, "answers": 1.0,
                 "probes": 30.0, "metrics": 0.01, "responses": 0.2}
     timings = Timings(decode_preprocess=0.0123, classify=0.25,
-                      children={"resnet50_onnx": ChildStats(1, 2, 0.2), "efficientnet_lite0_onnx": ChildStats(1, 3, 0.01)})
+                      children={"resnet50_onnx": ChildStats(1, 2, 0.2),
+                                "efficientnet_lite0_onnx": ChildStats(1, 3, 0.01)})
     record = execution_record("classify_bls", "classify_bls_0_1", times, times.t0_ns + 300_000_000, ["a", ""],
                               [_answered(2), RequestError("IMAGE[0]: bad", "x")], timings, probes=1,
                               in_process=("efficientnet_lite0_onnx",))
     text = line(record)
     assert "\n" not in text and json.loads(text) == record
     assert record == {
-        "event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": os.getpid(), "t0_ns": times.t0_ns,
-        "t1_ns": times.t0_ns + 300_000_000, "requests": ["a", "#1"], "probes": 1, "images": 2,
+        "event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": os.getpid(),
+        "t0_ns": times.t0_ns, "t1_ns": times.t0_ns + 300_000_000, "requests": ["a", "#1"], "probes": 1, "images": 2,
         "failed": {"#1": "INVALID_ARGUMENT"}, "child_calls_traced_with": "a", "ms": times.ms,
         "children": {"resnet50_onnx": {"calls": 1, "images": 2, "ms": 200.0, "in_process": False},
                      "efficientnet_lite0_onnx": {"calls": 1, "images": 3, "ms": 10.0, "in_process": True}}}
@@ -40,7 +41,8 @@ def test_one_record_names_every_request_the_failed_ones_and_whose_trace_the_call
 
 def test_an_execute_of_probes_alone_has_no_users_requests():
     record = execution_record("f", "f_0_0", ExecuteTimes(), 0, [], [], None, probes=2)
-    assert (record["requests"], record["probes"], record["children"], record["child_calls_traced_with"]) == ([], 2, {}, None)
+    assert ((record["requests"], record["probes"], record["children"], record["child_calls_traced_with"])
+            == ([], 2, {}, None))
 
 
 def test_the_laps_cover_the_execute_from_its_start_to_the_last_lap():

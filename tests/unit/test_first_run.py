@@ -87,7 +87,8 @@ def test_a_failed_weights_download_is_remembered(tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo, "_export", export)
     said: list[str] = []
-    assert demo.ensure_classifiers(repo, said.append) == dict.fromkeys(("resnet50_onnx", "resnet50_torch"), "no ImageNet weights here")
+    assert (demo.ensure_classifiers(repo, said.append)
+            == dict.fromkeys(("resnet50_onnx", "resnet50_torch"), "no ImageNet weights here"))
     assert tries == [("resnet50", "imagenet")]
     record = json.loads((repo / "resnet50_onnx" / "1" / "model.unavailable.json").read_text())
     assert "URLError: offline" in record["error"]

@@ -27,8 +27,10 @@ FLOW_CONFIG = """\
 name: "{name}"
 backend: "python"
 max_batch_size: 64
-input [ {{ name: "IMAGE", data_type: TYPE_STRING, dims: [ 1 ] }}, {{ name: "TOPK", data_type: TYPE_INT32, dims: [ 1 ], optional: true }} ]
-output [ {{ name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] }}, {{ name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] }} ]
+input [ {{ name: "IMAGE", data_type: TYPE_STRING, dims: [ 1 ] }},
+        {{ name: "TOPK", data_type: TYPE_INT32, dims: [ 1 ], optional: true }} ]
+output [ {{ name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] }},
+         {{ name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] }} ]
 """
 CLASSIFIER_CONFIG = """\
 name: "{name}"
@@ -193,7 +195,8 @@ def test_per_row_values_cover_every_row(repo):
     (result,), _ = runtime(flow, rec).run([ImageRequest([RED, GREEN, DARK], topk=2)], rec.send)
     assert result.routes[:, 0].tolist() == [b"cls_a:lit", b"flow:skipped", b"gray:dark"]
     assert result.labels[1:].tolist() == [[b"", b""], [b"", b""]]
-    assert result.scores[1:].tolist() == [[0.0, 0.0], [0.0, 0.0]] and result.class_ids[1:].tolist() == [[-1, -1], [-1, -1]]
+    assert (result.scores[1:].tolist() == [[0.0, 0.0], [0.0, 0.0]]
+            and result.class_ids[1:].tolist() == [[-1, -1], [-1, -1]])
 
 
 def test_each_child_gets_its_own_input_from_the_same_decode(repo):
@@ -255,7 +258,8 @@ def test_a_broken_call_fails_its_requests_and_the_flow_goes_on_for_the_others(re
     assert [r.routes[:, 0].tolist() for r in (results[0], results[2])] == [[b"cls_a:both"], [b"cls_a:both"] * 2]
     failed = results[1]
     assert (failed.reason, failed.code) == ("cls_c", "INTERNAL")
-    assert failed.message.startswith("classifier cls_c failed: cls_c returned logits with shape (1, 1000) for a batch of 2")
+    assert (failed.message.startswith("classifier cls_c failed: cls_c returned logits with shape (1, 1000) for a batch "
+                                      "of 2"))
     assert timings.rejected == {("cls_c", "INTERNAL"): 2}
 
 
@@ -316,14 +320,16 @@ def test_a_candidate_that_failed_its_load_makes_no_model_ready_internal_naming_t
     result, timings = _run_with_none_ready(repo, {"cls_b": "Internal: model.onnx does not match its config\nAt: ...",
                                                   "other": "x"})
     assert result == RequestError("no classifier is ready for main (its candidates, in order: cls_a not READY, "
-                                  "cls_b failed to load: Internal: model.onnx does not match its config)", "main", "INTERNAL")
+                                  "cls_b failed to load: Internal: model.onnx does not match its config)", "main",
+                                  "INTERNAL")
     assert timings.rejected_requests == {("main", "INTERNAL"): 1}
 
 
 def test_a_failed_load_of_a_model_the_flow_did_not_try_changes_nothing(repo):
     result, _ = _run_with_none_ready(repo, {"cls_c": "Internal: broken"})
-    assert (result.code, result.message) == ("UNAVAILABLE", "no classifier is ready for main (its candidates, in order: "
-                                              "cls_a not READY, cls_b not READY)")
+    assert ((result.code, result.message)
+            == ("UNAVAILABLE",
+                "no classifier is ready for main (its candidates, in order: cls_a not READY, cls_b not READY)"))
 
 
 def test_a_flow_that_raises_fails_that_execute_only(repo):
@@ -462,8 +468,8 @@ class Server:
             if r.model in self.dead:
                 replies.append(ChildCallError(f"Stub process '{r.model}_0_0' is not healthy.", unavailable=True))
             elif (r.model, r.version or "1") not in self.ready:
-                replies.append(ChildCallError(f"Request for unknown model: '{r.model}' version {r.version} is not found",
-                                              unavailable=True))
+                replies.append(ChildCallError(f"Request for unknown model: '{r.model}' version {r.version} is not "
+                                              "found", unavailable=True))
             else:
                 replies.append({r.outputs[0]: self.functions[r.model](next(iter(r.inputs.values())))})
         return replies
@@ -523,9 +529,11 @@ def test_a_dead_stub_with_no_other_candidate_is_waited_for_until_the_reload(repo
 def test_a_model_that_does_not_come_back_fails_after_child_retry_s(repo):
     server = Server(FUNCTIONS)
     server.dead |= {"cls_a", "cls_b"}
-    (result,), timings = served(write_flow(repo, MAIN_ONLY), server, child_retry_s=3).run([ImageRequest([RED])], server.send)
-    assert result == RequestError("classifier cls_b could not take the call (Stub process 'cls_b_0_0' is not healthy.), "
-                                  "and no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "main", "UNAVAILABLE")
+    flow_runtime = served(write_flow(repo, MAIN_ONLY), server, child_retry_s=3)
+    (result,), timings = flow_runtime.run([ImageRequest([RED])], server.send)
+    assert (result
+            == RequestError("classifier cls_b could not take the call (Stub process 'cls_b_0_0' is not healthy.), and "
+                            "no candidate (cls_a, cls_b) answered within child_retry_s=3 s", "main", "UNAVAILABLE"))
     assert 3.0 <= server.now < 3.2  # bounded by the setting
     assert timings.rejected == {("main", "UNAVAILABLE"): 1}
 
@@ -540,9 +548,11 @@ def test_a_call_whose_model_never_came_back_fails_only_its_own_requests(repo):
     """)
     server = Server(FUNCTIONS)
     server.dead |= {"cls_a", "cls_b"}
-    results, timings = served(flow, server, child_retry_s=1).run([ImageRequest([RED], id="a"), ImageRequest([GREEN], id="b")],
+    results, timings = served(flow, server, child_retry_s=1).run([ImageRequest([RED], id="a"),
+                                                                  ImageRequest([GREEN], id="b")],
                                                                    server.send)
-    assert (results[0].reason, results[0].code) == ("main", "UNAVAILABLE") and "within child_retry_s=1 s" in results[0].message
+    assert ((results[0].reason, results[0].code) == ("main", "UNAVAILABLE")
+            and "within child_retry_s=1 s" in results[0].message)
     assert results[1].routes[0, 0] == b"cls_c:other"
     assert timings.rejected == {("main", "UNAVAILABLE"): 1}
 

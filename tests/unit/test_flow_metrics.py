@@ -112,4 +112,5 @@ def test_the_last_part_of_a_minute_is_said_when_the_instance_stops():
     summary = OutcomeSummary("classify_bls_0_0", now=0.0)
     summary.add(_execute(answered=2, shed=("UNAVAILABLE", 1)))
     assert summary.line(10.0) is None
-    assert summary.line(10.0, final=True) == "classify_bls_0_0: in the last 10 s, of 3 requests, 1 refused with UNAVAILABLE (shed 1)"
+    assert (summary.line(10.0, final=True)
+            == "classify_bls_0_0: in the last 10 s, of 3 requests, 1 refused with UNAVAILABLE (shed 1)")

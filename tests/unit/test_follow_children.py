@@ -112,7 +112,8 @@ def test_a_call_refused_for_its_batch_size_is_split_at_the_limit_the_server_name
     child = Child(200, 1)  # loaded again with max_batch_size 1 (Model Analyzer's search)
     flow = _flow(repo, child)
     try:
-        results, _ = flow.run([ImageRequest([_png((200, 30, 30)), _png((30, 200, 30))]), ImageRequest([_png((0, 0, 90))])])
+        results, _ = flow.run([ImageRequest([_png((200, 30, 30)), _png((30, 200, 30))]),
+                               ImageRequest([_png((0, 0, 90))])])
         assert all(isinstance(r, Prediction) for r in results), results
         assert child.batches == [1, 1, 1]
         assert flow.runtime.children[CHILD].max_batch_size == 1  # and so from now on, without a refusal
@@ -145,7 +146,8 @@ def test_served_configs_reads_the_file_only_when_it_changed(tmp_path, repo):
     assert list(watch.changed()) == [CHILD]
     now[0] = 2.0
     assert watch.changed() is None  # unchanged
-    path.write_text(json.dumps({CHILD: {"state": "READY", "reason": "", "config": {**_served(repo), "max_batch_size": 2}}}))
+    path.write_text(json.dumps({CHILD: {"state": "READY", "reason": "",
+                                        "config": {**_served(repo), "max_batch_size": 2}}}))
     now[0] = 2.5
     assert watch.changed() is None  # looked a moment ago
     now[0] = 3.0
@@ -156,7 +158,8 @@ def test_served_configs_reads_the_file_only_when_it_changed(tmp_path, repo):
 def test_a_failed_flow_is_loaded_again_once_a_child_changes_and_only_once():
     retries = FlowRetries({"flow": ("a", "b"), "plain": ()})
     failed = {"state": "UNAVAILABLE", "reason": "ConfigError: model a: ..."}
-    states = {"flow": failed, "a": {"state": "UNAVAILABLE", "reason": "bad"}, "b": {"state": "UNAVAILABLE", "reason": "bad"}}
+    states = {"flow": failed, "a": {"state": "UNAVAILABLE", "reason": "bad"},
+              "b": {"state": "UNAVAILABLE", "reason": "bad"}}
     assert retries.due(states) == {}  # as it failed: nothing new
     assert retries.due(states) == {}
     states["a"] = {"state": "READY", "reason": "", "config": {"max_batch_size": 8}}

@@ -5,7 +5,6 @@ classify_bls and of flows written here, and the door's arithmetic (runtime/admit
 from __future__ import annotations
 
 import io
-import textwrap
 import time
 from pathlib import Path
 
@@ -58,7 +57,8 @@ def cascade(cheap_sure: float = 20.0, cheap_sleep: float = 0.0, log: list | None
 def test_a_client_can_send_its_images_straight_to_the_main_classifier():
     log: list = []
     with cascade(log=log) as flow:
-        (plain, skipped), _ = flow.run([ImageRequest([photo()]), ImageRequest([photo(), photo()], parameters={"skip_cascade": True})])
+        (plain, skipped), _ = flow.run([ImageRequest([photo()]),
+                                        ImageRequest([photo(), photo()], parameters={"skip_cascade": True})])
     assert plain.routes[:, 0].tolist() == [b"efficientnet_lite0_onnx:confident"]
     assert skipped.routes[:, 0].tolist() == [b"resnet50_onnx:direct"] * 2
     assert log == [("cheap", 1), ("main", 2)]  # only the plain request's image met the cheap model
@@ -76,7 +76,8 @@ def test_with_the_main_classifier_gone_a_skipped_request_is_answered_degraded_an
 @pytest.mark.parametrize(("sent", "says"), [
     ({"skip_cascade": "maybe"}, "request parameter skip_cascade='maybe': send true or false"),
     ({"skip_cascade": 1}, "request parameter skip_cascade=1: send true or false"),
-    ({"skipcascade": True}, "unknown request parameter 'skipcascade': classify_bls accepts skip_cascade (bool, default False)"),
+    ({"skipcascade": True},
+     "unknown request parameter 'skipcascade': classify_bls accepts skip_cascade (bool, default False)"),
 ])
 def test_a_bad_or_unknown_parameter_fails_that_request_alone(sent, says):
     with cascade() as flow:
@@ -95,7 +96,8 @@ class Numbers(Parameters):
 @pytest.mark.parametrize(("sent", "says"), [
     ({"threshold": "0.9"}, "request parameter threshold='0.9': send a number between 0 and 1, as a JSON number: 0.9, "
                            "not the string '0.9'"),
-    ({"ratio": "2.5"}, "request parameter ratio='2.5': send a finite number, as a JSON number: 2.5, not the string '2.5'"),
+    ({"ratio": "2.5"},
+     "request parameter ratio='2.5': send a finite number, as a JSON number: 2.5, not the string '2.5'"),
     ({"count": "4"}, "request parameter count='4': send a whole number, as a JSON number: 4, not the string '4'"),
     ({"count": "0.5"}, "request parameter count='0.5': send a whole number"),
     ({"count": 2.0}, "request parameter count=2.0: send a whole number"),
@@ -122,7 +124,8 @@ def test_a_bool_is_true_or_false_or_their_strings_not_a_number():
 
 def test_tritons_own_parameters_and_the_probe_pass_by():
     with cascade() as flow:
-        assert flow.classify([photo()], parameters={"timeout": 5, "priority": 1, "bls_probe": True}).routes.shape == (1, 1)
+        assert (flow.classify([photo()], parameters={"timeout": 5, "priority": 1, "bls_probe": True}).routes.shape
+                == (1, 1))
 
 
 def test_parameters_are_declared_typed_and_read_per_row(tmp_path):
@@ -145,7 +148,8 @@ name: "rows"
 backend: "python"
 max_batch_size: 64
 input [ { name: "IMAGE", data_type: TYPE_STRING, dims: [ 1 ] } ]
-output [ { name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] }, { name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "LABELS", data_type: TYPE_STRING, dims: [ -1 ] },
+         { name: "ROUTE", data_type: TYPE_STRING, dims: [ 1 ] } ]
 """
 ROW_FLOW = '''
 import numpy as np
@@ -207,8 +211,8 @@ def test_a_cancelled_request_does_no_work_and_one_cancelled_midway_stops_there()
 
     models = {"efficientnet_lite0_onnx": cheap, "resnet50_onnx": classifier(967, log=log, name="main")}
     with LocalFlow(MODELS / "classify_bls", models, parameters=CASCADE) as flow:
-        requests = [ImageRequest([photo()], cancelled=lambda: True), ImageRequest([photo()], cancelled=lambda: state["gone"]),
-                    ImageRequest([photo()])]
+        requests = [ImageRequest([photo()], cancelled=lambda: True),
+                    ImageRequest([photo()], cancelled=lambda: state["gone"]), ImageRequest([photo()])]
         gone_before, gone_midway, answered = flow.run(requests)[0]
     assert gone_before.code == gone_midway.code == CANCELLED and gone_before.reason == "cancelled"
     assert isinstance(answered, Prediction)
@@ -232,10 +236,12 @@ def test_an_optional_stage_too_slow_for_a_deadline_is_skipped_and_the_cheap_answ
         flow.runtime.admission.costs.observe("resnet50_onnx", 10.0, 1)
         log.clear()
         (short, none, direct), timings = flow.run([ImageRequest([photo()], timeout_s=0.5), ImageRequest([photo()]),
-                                                   ImageRequest([photo()], timeout_s=0.5, parameters={"skip_cascade": True})])
+                                                   ImageRequest([photo()], timeout_s=0.5,
+                                                                parameters={"skip_cascade": True})])
     assert short.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
     why = short.notes[0]["degraded"]
-    assert why.startswith("overloaded: resnet50_onnx would answer in about ") and "were left of this request's deadline" in why
+    assert (why.startswith("overloaded: resnet50_onnx would answer in about ")
+            and "were left of this request's deadline" in why)
     # No deadline: it aims at classify_bls's latency_target_ms (400), which 2 s would pass too.
     assert none.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
     assert "were left of this request's latency_target_ms=400" in none.notes[0]["degraded"]
@@ -251,7 +257,8 @@ def test_a_request_without_a_deadline_aims_at_the_latency_target_and_is_degraded
         flow.runtime.admission.costs.observe("resnet50_onnx", 0.1, 1)  # fast on its own ...
         assert flow.classify([photo()]).routes[0, 0] == b"resnet50_onnx:escalated"
         # ... but its queue, as Triton measured it, holds calls for 0.5 s now
-        flow.runtime.admission.queues = lambda model: QueueReading(time.monotonic(), 0.5, 4) if model == "resnet50_onnx" else None
+        flow.runtime.admission.queues = lambda model: QueueReading(time.monotonic(), 0.5,
+                                                                   4) if model == "resnet50_onnx" else None
         got = flow.classify([photo()])
         assert got.routes[0, 0] == b"efficientnet_lite0_onnx:degraded"
         assert "(its queue 500 ms as Triton measured it)" in got.notes[0]["degraded"]

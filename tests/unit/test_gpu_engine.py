@@ -41,7 +41,8 @@ def _host_send(flow: LocalFlow):
     """The children run as numpy functions, so tensors cross to numpy here, as they cross
     to the child's stub in Triton."""
     def send(requests):
-        plain = [type(r)(r.model, {k: np.asarray(v.cpu()) if hasattr(v, "cpu") else v for k, v in r.inputs.items()}, r.outputs)
+        plain = [type(r)(r.model, {k: np.asarray(v.cpu()) if hasattr(v, "cpu") else v for k, v in r.inputs.items()},
+                         r.outputs)
                  for r in requests]
         return flow._send(plain)
     return send
@@ -179,7 +180,9 @@ def _column_run(tmp_path, as_dtype=None):
     from test_regions import CHILDREN, FLOW, make_repo, picture  # the regions tests' repository
 
     repo = make_repo(tmp_path)
-    text = FLOW.replace('''    head = regions.infer(settings.head, rows=colours.covered, inputs={"features": colours.probs})''', '''    raw = regions.infer(settings.colour)
+    text = FLOW.replace('    head = regions.infer(settings.head, rows=colours.covered, '
+                        'inputs={"features": colours.probs})',
+                        '''    raw = regions.infer(settings.colour)
     head = regions.infer(settings.head, inputs={"features": raw.tensor("probs")})''')
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
     local = LocalFlow(repo / "regions_flow", CHILDREN)
@@ -203,7 +206,8 @@ def _column_run(tmp_path, as_dtype=None):
         return out
 
     try:
-        (result,), _ = on_torch.run([ImageRequest([picture([("blue", (30, 10, 60, 40)), ("red", (2, 2, 12, 12))])])], send)
+        (result,), _ = on_torch.run([ImageRequest([picture([("blue", (30, 10, 60, 40)), ("red", (2, 2, 12, 12))])])],
+                                    send)
     finally:
         local.close()
         on_torch.close()

@@ -14,7 +14,6 @@ from tritonclient.grpc import model_config_pb2
 
 from bls_pipeline import contract
 from bls_pipeline.runtime.load.children import load_child
-from bls_pipeline.runtime.load.loader import load_flow
 from bls_pipeline.base.modelconfig import parse_config, string_parameters
 from bls_pipeline.base.modelconfig import RELOAD_KEY
 from bls_pipeline.base.errors import ConfigError
@@ -27,12 +26,16 @@ ORDER = ("resnet50_trt", "resnet50_torch", "resnet50_openvino", "resnet50_int8",
 
 def test_resnet50_torch_has_the_classifier_contract_on_a_gpu_instance():
     cfg = parse_config(MODELS / "resnet50_torch")
-    assert [(t.name, tuple(t.dims)) for t in cfg.input] == [(contract.CLASSIFIER_INPUT.name, contract.CLASSIFIER_INPUT.dims)]
-    assert [(t.name, tuple(t.dims)) for t in cfg.output] == [(contract.CLASSIFIER_OUTPUT.name, contract.CLASSIFIER_OUTPUT.dims)]
-    assert cfg.backend == "python" and [g.kind for g in cfg.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
+    assert ([(t.name, tuple(t.dims)) for t in cfg.input]
+            == [(contract.CLASSIFIER_INPUT.name, contract.CLASSIFIER_INPUT.dims)])
+    assert ([(t.name, tuple(t.dims)) for t in cfg.output]
+            == [(contract.CLASSIFIER_OUTPUT.name, contract.CLASSIFIER_OUTPUT.dims)])
+    assert (cfg.backend == "python"
+            and [g.kind for g in cfg.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU])
     params = string_parameters(cfg)
     assert params["FORCE_CPU_ONLY_INPUT_TENSORS"] == "no"  # CUDA inputs are taken where they are
-    assert TorchSettings.parse(params, "resnet50_torch") == TorchSettings(cuda_graphs=True)  # the defaults, with CUDA graphs on (measured faster)
+    # the defaults, with CUDA graphs on (measured faster)
+    assert TorchSettings.parse(params, "resnet50_torch") == TorchSettings(cuda_graphs=True)
     torch_child, onnx_child = load_child(MODELS, "resnet50_torch"), load_child(MODELS, "resnet50_onnx")
     assert torch_child.preprocess == onnx_child.preprocess and torch_child.labels == onnx_child.labels
 

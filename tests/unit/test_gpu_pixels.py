@@ -85,7 +85,8 @@ def host():
 @pytest.fixture(scope="module")
 def photos() -> dict[str, bytes]:
     found = {p.name: p.read_bytes() for p in sorted(SAMPLES.glob("*.jpg"))}
-    found.update({f"imagenet-size-{i}": data for i, data in enumerate(make_image_set(sorted(SAMPLES.glob("*.jpg")))[:4])})
+    found.update({f"imagenet-size-{i}": data
+                  for i, data in enumerate(make_image_set(sorted(SAMPLES.glob("*.jpg")))[:4])})
     return found
 
 
@@ -110,7 +111,8 @@ def test_imagenet_size_photos_get_no_draft_decode(host, photos):
     """The CPU path as it runs (draft on) equals its full decode for ImageNet-size photos."""
     for name, data in photos.items():
         if name.startswith("imagenet-size"):
-            assert np.array_equal(_row(host, data, PreprocessSpec(), DecodePolicy()), _row(host, data, PreprocessSpec()))
+            assert (np.array_equal(_row(host, data, PreprocessSpec(), DecodePolicy()),
+                                   _row(host, data, PreprocessSpec())))
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -149,8 +151,8 @@ def _images(encode, smooth_image) -> dict[str, bytes]:
 
 def test_the_headers_say_which_images_the_gpu_takes(encode, smooth_image):
     taken = {name: gpu_jpeg(data, DecodePolicy()) is not None for name, data in _images(encode, smooth_image).items()}
-    assert taken == {"png": False, "cmyk_jpeg": False, "base64_jpeg": False, "truncated_jpeg": False, "not_an_image": False,
-                     "grey_jpeg": True, "progressive_jpeg": True, "jpeg": True}
+    assert taken == {"png": False, "cmyk_jpeg": False, "base64_jpeg": False, "truncated_jpeg": False,
+                     "not_an_image": False, "grey_jpeg": True, "progressive_jpeg": True, "jpeg": True}
     assert gpu_jpeg(_images(encode, smooth_image)["jpeg"], DecodePolicy(formats=("PNG",))) is None
     assert gpu_jpeg(_images(encode, smooth_image)["jpeg"], DecodePolicy(max_pixels=1000)) is None
 
@@ -177,7 +179,8 @@ def test_what_the_gpu_does_not_take_is_the_cpu_paths_own(device, host, encode, s
 
 def test_a_bad_image_fails_its_request_and_names_its_index(device, host, encode, smooth_image):
     images = _images(encode, smooth_image)
-    requests = [[images["jpeg"], images["png"]], [images["jpeg"], images["png"], images["truncated_jpeg"], images["not_an_image"]],
+    requests = [[images["jpeg"], images["png"]],
+                [images["jpeg"], images["png"], images["truncated_jpeg"], images["not_an_image"]],
                 None, [images["grey_jpeg"]]]
     got = device.decode(requests, FULL, PreprocessSpec(), True)
     want = host.decode(requests, FULL, PreprocessSpec(), True)
@@ -221,8 +224,8 @@ def test_renormalize_and_flip_match_the_cpu_path(device, host, photos):
     data = [[photos["mug.jpg"]]]
     on_device = device.decode(data, FULL, have, False).batch
     on_host = host.decode(data, FULL, have, False).batch
-    _assert_close(host.renormalize(on_host, have, want), device.to_host(device.renormalize(on_device, have, want)), want,
-                  device.name.split(":")[0])
+    _assert_close(host.renormalize(on_host, have, want), device.to_host(device.renormalize(on_device, have, want)),
+                  want, device.name.split(":")[0])
     assert device.renormalize(on_device, have, SPECS["grey_thumbnail"]) is None
     flipped = device.to_host(device.flip(on_device, have.width_axis))
     assert np.array_equal(flipped, np.flip(device.to_host(on_device), axis=-1))
@@ -235,7 +238,8 @@ def test_renormalize_and_flip_match_the_cpu_path(device, host, photos):
 # 0.07-0.83 step and 99.9% within 11 steps (a region shrunk 3x shows it most).
 REGION_SPECS = {
     "stretch": PreprocessSpec(mode="stretch", crop=64),
-    "text_line": PreprocessSpec(mode="keep_aspect", crop=48, width=320, mean=(0.5,) * 3, std=(0.5,) * 3, pad_value=127.5),
+    "text_line": PreprocessSpec(mode="keep_aspect", crop=48, width=320, mean=(0.5,) * 3, std=(0.5,) * 3,
+                                pad_value=127.5),
     "centred_bgr_uint8": PreprocessSpec(mode="keep_aspect", crop=96, colour="BGR", layout="NHWC", dtype="UINT8",
                                         mean=(0.0,) * 3, std=(1.0,) * 3, scale=1.0, pad="centre"),
     "imagenet": PreprocessSpec(),

@@ -55,7 +55,8 @@ class _PbUtils:
             def exec(self):
                 pb.requests.append((model_name, inputs, options))
                 return Response({name: _Tensor(name, torch.ones(len(inputs[0].value), 3) * 2, on_gpu=pb.outputs_on_gpu)
-                                 if pb.outputs_on_gpu else _Tensor(name, np.ones((len(inputs[0].value), 3), np.float32) * 2)
+                                 if pb.outputs_on_gpu
+                                 else _Tensor(name, np.ones((len(inputs[0].value), 3), np.float32) * 2)
                                  for name in requested_output_names})
         return Request()
 
@@ -117,7 +118,8 @@ def test_glue_tensors_and_devices():
 
 
 @pytest.mark.parametrize("message, unavailable", [
-    ("Failed to process the request(s) for model instance 'resnet50_onnx_0_0', message: Stub process 'resnet50_onnx_0_0' is not healthy.", True),
+    ("Failed to process the request(s) for model instance 'resnet50_onnx_0_0', message: Stub process "
+     "'resnet50_onnx_0_0' is not healthy.", True),
     ("Request for unknown model: 'resnet50_onnx' version 2 is not found", True),
     ("Request for unknown model: 'resnet50_onnx' has no available versions", True),
     ("Model resnet50_onnx - Error when running inference: Failed for execute the inference request. "

@@ -9,19 +9,22 @@ import subprocess
 import sys
 import time
 
-from bls_pipeline.serve.in_flight import IDLE_TICKS, HeldStubs, QuietWatch, Snapshot, answered_counts, pending_count, quiet, stub_cpu_ticks
+from bls_pipeline.serve.in_flight import (IDLE_TICKS, HeldStubs, QuietWatch, Snapshot, answered_counts, pending_count,
+                                          quiet, stub_cpu_ticks)
 from bls_pipeline.serve.processes import Stubs, destruction_began, model_of
 
-METRICS = """# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
-# TYPE nv_inference_pending_request_count gauge
+METRICS = ("# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution "
+           "per-model.\n"
+           """# TYPE nv_inference_pending_request_count gauge
 nv_inference_pending_request_count{model="classify_bls",version="1"} 0
 nv_inference_pending_request_count{model="resnet50_onnx",version="1"} 3
 # HELP nv_inference_count Number of inferences performed
 nv_inference_count{model="classify_bls",version="1"} 120
-"""
+""")
 
 STATS = {"model_stats": [
-    {"name": "classify_bls", "version": "1", "inference_stats": {"success": {"count": 100, "ns": 5}, "fail": {"count": 7, "ns": 1},
+    {"name": "classify_bls", "version": "1",
+     "inference_stats": {"success": {"count": 100, "ns": 5}, "fail": {"count": 7, "ns": 1},
                                                                "queue": {"count": 107, "ns": 9}}},
     {"name": "resnet50_onnx", "version": "1", "inference_stats": {"success": {"count": 4}}},
     {"name": "resnet50_onnx", "version": "2", "inference_stats": {"success": {"count": 1}, "fail": {}}},
@@ -29,7 +32,8 @@ STATS = {"model_stats": [
 
 
 def snap(at, pending=0.0, answered=None, cpu=None):
-    return Snapshot(at, pending, answered if answered is not None else {"classify_bls": 107}, cpu if cpu is not None else {11: 500})
+    return Snapshot(at, pending, answered if answered is not None else {"classify_bls": 107},
+                    cpu if cpu is not None else {11: 500})
 
 
 def test_the_pending_gauge_is_summed_over_models_and_absent_is_unknown():
@@ -87,7 +91,8 @@ def test_a_model_counts_as_being_destroyed_once_one_of_its_stubs_has_exited():
     assert not destruction_began("classify_bls", before, one_exited)
     # a zombie is a stub that died, not one Triton destroyed; one exiting (argv gone) has left
     assert not destruction_began("resnet50_onnx", before, Stubs(live={12: "resnet50_onnx_0_1"}, dead=frozenset({11})))
-    assert destruction_began("resnet50_onnx", before, Stubs(live={12: "resnet50_onnx_0_1"}, dead=frozenset(), dying=frozenset({11})))
+    assert (destruction_began("resnet50_onnx", before,
+                              Stubs(live={12: "resnet50_onnx_0_1"}, dead=frozenset(), dying=frozenset({11}))))
 
 
 def test_a_stub_exiting_says_nothing_where_two_copies_of_a_model_run():

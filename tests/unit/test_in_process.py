@@ -33,7 +33,8 @@ def _tiny_classifier(path: Path, seed: int) -> None:
         [helper.make_node("ReduceMean", ["input"], ["mean"], axes=[2, 3], keepdims=0),
          helper.make_node("MatMul", ["mean", "w"], ["output"])],
         "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 224, 224])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 1000])], [numpy_helper.from_array(weights, "w")])
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 1000])],
+        [numpy_helper.from_array(weights, "w")])
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
 
@@ -135,7 +136,8 @@ def test_models_it_does_not_call_or_cannot_reach_are_left_to_triton_and_logged(r
     folder is not beside it (a remote repository): both logged, their calls go to Triton."""
     shutil.rmtree(repo / "resnet50_onnx")
     with caplog.at_level("INFO"):
-        children = InProcessChildren("classify_bls", repo, [CHILD, "resnet50_onnx", "efficientnet_lite0_openvino"], LISTS)
+        children = InProcessChildren("classify_bls", repo, [CHILD, "resnet50_onnx", "efficientnet_lite0_openvino"],
+                                     LISTS)
     assert children.models == (CHILD,)
     assert not children.runs(_request("resnet50_onnx"))
     assert "classify_bls: run_in_process names efficientnet_lite0_openvino, which it does not call" in caplog.text
@@ -162,7 +164,8 @@ def test_the_flow_answers_in_process_as_localflow_does(repo):
     shutil.rmtree(repo / CHILD / "2")  # LocalFlow runs version 1
     params = {"cascade_classifiers": "none", "classifiers": CHILD, "tta_threshold": "0", "run_in_process": CHILD}
     runtime = FlowRuntime.load(repo / "classify_bls", params, lambda *_: True)
-    children = InProcessChildren("classify_bls", repo, runtime.options.run_in_process, runtime.settings.candidate_lists())
+    children = InProcessChildren("classify_bls", repo, runtime.options.run_in_process,
+                                 runtime.settings.candidate_lists())
 
     def no_triton(requests):
         raise AssertionError(f"sent to Triton: {[r.model for r in requests]}")

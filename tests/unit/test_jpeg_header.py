@@ -86,7 +86,8 @@ def _tiff_orientation(order: str, kind: int, count: int, value: int, twice: bool
     head = (b"II*\x00" if order == "<" else b"MM\x00*") + struct.pack(order + "I", 8)
     body = struct.pack(order + "H", len(entries))
     for tag, k, n, v in entries:
-        body += struct.pack(order + "HHI", tag, k, n) + (struct.pack(order + "HH", v, 0) if k == 3 else struct.pack(order + "I", v))
+        body += (struct.pack(order + "HHI", tag, k, n)
+                 + (struct.pack(order + "HH", v, 0) if k == 3 else struct.pack(order + "I", v)))
     return b"Exif\x00\x00" + head + body + struct.pack(order + "I", 0)
 
 

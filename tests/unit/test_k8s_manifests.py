@@ -109,7 +109,8 @@ def test_deployment_has_what_triton_needs_on_a_cluster():
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
     # The repository from S3; a tritonserver that dies ends the container, for Kubernetes to restart.
-    assert container["args"] == ["--model-repository", "$(MODEL_REPOSITORY)", "--no-restart", "--ready-for", "classify_bls"]
+    assert (container["args"]
+            == ["--model-repository", "$(MODEL_REPOSITORY)", "--no-restart", "--ready-for", "classify_bls"])
 
 
 def test_service_hpa_and_pdb_point_at_the_deployment():
@@ -120,7 +121,8 @@ def test_service_hpa_and_pdb_point_at_the_deployment():
     assert _by_kind(base, "Service")["spec"]["selector"].items() <= labels.items()
     assert _by_kind(base, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= labels.items()
     hpa = _by_kind(base, "HorizontalPodAutoscaler")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+    assert (hpa["spec"]["scaleTargetRef"]
+            == {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]})
     # A drain may evict a pod while the others serve.
     assert hpa["spec"]["minReplicas"] > _by_kind(base, "PodDisruptionBudget")["spec"]["minAvailable"]
 
@@ -131,7 +133,8 @@ def test_the_hpa_metric_is_the_one_the_adapter_serves():
     rules = yaml.safe_load((K8S / "monitoring" / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"]
     (rule,) = [r for r in rules if r["name"]["as"] == pods["metric"]["name"]]
     # Triton's own counters (present in 2.51 and in the NGC release alike).
-    assert "nv_inference_queue_duration_us" in rule["metricsQuery"] and "nv_inference_request_success" in rule["metricsQuery"]
+    assert ("nv_inference_queue_duration_us" in rule["metricsQuery"]
+            and "nv_inference_request_success" in rule["metricsQuery"])
 
 
 def _inference_service() -> dict:
@@ -145,7 +148,8 @@ def _pod_of(predictor: dict) -> dict:
     container.setdefault("name", "kserve-container")
     container.setdefault("image", "the-runtime-image")
     spec = {k: v for k, v in predictor.items() if k not in KSERVE_PREDICTOR_EXTENSION}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"}, "spec": {**spec, "containers": [container]}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "predictor"},
+            "spec": {**spec, "containers": [container]}}
 
 
 def test_inference_service_uses_only_fields_of_the_kserve_crd():

@@ -19,7 +19,9 @@ TRT = ("efficientnet_lite0_trt", "resnet50_trt")
 def repo(tmp_path) -> Path:
     """models/ as shipped with a (fake) ONNX for every *_onnx model, and no TensorRT plan."""
     dst = tmp_path / "models"
-    shutil.copytree(MODELS, dst, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
+    shutil.copytree(MODELS, dst,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
+                                                  "*.xml.json", "__pycache__"))
     for onnx in dst.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"")
     return dst
@@ -35,7 +37,8 @@ def test_with_tensorrt_a_missing_plan_says_how_to_build_it(repo):
     plan = plan_loading(repo, {"python", "tensorrt"}, only=TRT)
     assert plan.load == ()
     assert plan.skipped == {name: f"{name}/1/model.plan is missing: build it with {export_hint(name)}" for name in TRT}
-    assert export_hint("resnet50_trt").endswith(" -m engine_build trt --model resnet50 --fp16 (needs TensorRT and a GPU)")
+    assert (export_hint("resnet50_trt").endswith(" -m engine_build trt --model resnet50 --fp16 (needs TensorRT and a "
+                                                 "GPU)"))
 
 
 def test_with_tensorrt_and_a_plan_the_model_loads(repo):

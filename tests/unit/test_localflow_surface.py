@@ -22,7 +22,8 @@ def test_run_answers_several_requests_as_one_execute(repo):
         results, timings = flow.run([ImageRequest([blue, blue], topk=1), ImageRequest([b"not an image"])])
         assert flow.calls[0] == ("det", 2)  # both good images in one call
     assert isinstance(results[0], Prediction) and results[0].routes[:, 0].tolist() == [b"blue", b"blue"]
-    assert isinstance(results[1], RequestError) and (results[1].code, results[1].reason) == ("INVALID_ARGUMENT", "unsupported_format")
+    assert (isinstance(results[1], RequestError)
+            and (results[1].code, results[1].reason) == ("INVALID_ARGUMENT", "unsupported_format"))
     assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1}
 
 
@@ -52,6 +53,7 @@ def test_a_stand_in_fails_the_way_a_served_child_would(repo, error, code):
 
 
 def test_a_stand_in_returning_another_dtype_than_its_config_is_a_broken_child(repo):
-    with LocalFlow(repo / "regions_flow", {**CHILDREN, "colour": lambda b: CHILDREN["colour"](b).astype(np.float64)}) as flow:
+    with LocalFlow(repo / "regions_flow",
+                   {**CHILDREN, "colour": lambda b: CHILDREN["colour"](b).astype(np.float64)}) as flow:
         with pytest.raises(RequestFailed, match=r"colour returned probs as FP64; its config\.pbtxt declares TYPE_FP32"):
             flow.classify([picture([("red", (2, 2, 12, 12))])])

@@ -100,7 +100,8 @@ def test_onnx_classifiers_share_one_adapter():
     """efficientnet_lite0_onnx runs resnet50_onnx's model.py: the same file, byte for byte."""
     copy = MODELS / "efficientnet_lite0_onnx" / "1" / "model.py"
     assert copy.read_bytes() == (MODELS / "resnet50_onnx" / "1" / "model.py").read_bytes()
-    assert string_parameters(parse_config(copy.parent.parent)).keys() == string_parameters(parse_config(MODELS / "resnet50_onnx")).keys()
+    assert (string_parameters(parse_config(copy.parent.parent)).keys()
+            == string_parameters(parse_config(MODELS / "resnet50_onnx")).keys())
 
 
 def test_the_shipped_model_folders_hold_no_links():
@@ -192,7 +193,8 @@ def test_config_variant_renames_and_sets_parameters():
     params = string_parameters(cfg)
     assert cfg.name == "classify_bls_x" and params["tta_threshold"] == "0.9" and params["route_recheck_s"] == "1"
     assert params["run_in_process"] == string_parameters(parse_config(MODELS / "classify_bls"))["run_in_process"]
-    parse_settings(params, load_flow(MODELS / "classify_bls" / "1" / "flow.py").settings, "classify_bls_x")  # still valid
+    # still valid
+    parse_settings(params, load_flow(MODELS / "classify_bls" / "1" / "flow.py").settings, "classify_bls_x")
 
 
 def test_a_flows_config_sets_only_what_differs_from_its_defaults():

@@ -18,11 +18,14 @@ from bls_pipeline.serve import status
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None,
+                                    reason="promtool is not installed (Debian: apt-get install prometheus; .ci/run "
+                                           "does)")
 # Triton's own series the rules or the dashboard may read.
 TRITON_SERIES = {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_queue_duration_us",
                  "nv_inference_request_summary_us", "nv_inference_queue_summary_us",
-                 "nv_inference_pending_request"}  # nv_inference_pending_request_count, _count taken off as for a histogram
+                 # nv_inference_pending_request_count, _count taken off as for a histogram
+                 "nv_inference_pending_request"}
 
 
 def _promtool(*args: str, cwd: Path = MONITORING) -> subprocess.CompletedProcess:
@@ -49,7 +52,8 @@ def test_the_rule_tests_catch_a_rule_that_does_not_fire(tmp_path):
     """The rule tests can fail: with the broken-flow alert's threshold raised, its case fails."""
     shutil.copy(MONITORING / "rules_test.yml", tmp_path)
     rules = (MONITORING / "rules.yml").read_text()
-    broken = rules.replace('increase(bls_requests_total{code="INTERNAL"}[5m])) > 0', 'increase(bls_requests_total{code="INTERNAL"}[5m])) > 5')
+    broken = rules.replace('increase(bls_requests_total{code="INTERNAL"}[5m])) > 0',
+                           'increase(bls_requests_total{code="INTERNAL"}[5m])) > 5')
     assert broken != rules
     (tmp_path / "rules.yml").write_text(broken)
     done = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
@@ -62,12 +66,14 @@ def test_the_rule_tests_catch_cancellations_counted_as_refusals(tmp_path):
     cancellations page for overload and low availability: their case fails."""
     shutil.copy(MONITORING / "rules_test.yml", tmp_path)
     rules = (MONITORING / "rules.yml").read_text()
-    broken = rules.replace('nv_inference_request_failure{reason="REJECTED"}', 'nv_inference_request_failure{reason=~"REJECTED|CANCELED"}')
+    broken = rules.replace('nv_inference_request_failure{reason="REJECTED"}',
+                           'nv_inference_request_failure{reason=~"REJECTED|CANCELED"}')
     assert broken != rules
     (tmp_path / "rules.yml").write_text(broken)
     done = _promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
     out = done.stdout + done.stderr
-    assert done.returncode != 0 and "impatient clients and a busy closed loop leave BLSOverloaded and BLSAvailabilityLow quiet" in out, out
+    assert (done.returncode != 0
+            and "impatient clients and a busy closed loop leave BLSOverloaded and BLSAvailabilityLow quiet" in out), out
 
 
 @needs_promtool
@@ -117,8 +123,9 @@ def test_every_dashboard_query_is_promql(tmp_path):
     """Each panel's query, its Grafana variable filled in, loads as a recording rule."""
     exprs = _dashboard_exprs()
     assert len(exprs) >= 10
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:panel_{i}", "expr": e.replace("$model", ".*")}
-                                                         for i, e in enumerate(exprs)]}]}
+    rules = {"groups": [{"name": "dashboard",
+                         "rules": [{"record": f"dashboard:panel_{i}", "expr": e.replace("$model", ".*")}
+                                   for i, e in enumerate(exprs)]}]}
     (tmp_path / "dashboard_rules.yml").write_text(json.dumps(rules))  # JSON is YAML
     done = _promtool("check", "rules", "dashboard_rules.yml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -161,7 +161,8 @@ def test_ctc_decoding_collapses_repeats_and_drops_blanks():
     assert texts == ["aa b", ""]
     np.testing.assert_allclose(confidence, [np.mean([0.9, 0.7, 0.6, 0.5]), 0.0], rtol=1e-6)
     margins = np.zeros((1, 5, 4), np.float32)
-    for t, (c, p) in enumerate([(3, 0.5), (1, 0.9), (3, 0.8), (2, 0.7), (3, 0.1)]):  # ' a b ': the margins read as spaces
+    # ' a b ': the margins read as spaces
+    for t, (c, p) in enumerate([(3, 0.5), (1, 0.9), (3, 0.8), (2, 0.7), (3, 0.1)]):
         margins[0, t, c] = p
     texts, confidence = recognize.ctc_decode(margins, classes)
     assert texts == ["a b"]
@@ -185,8 +186,10 @@ def test_a_cached_wheel_is_not_downloaded_again(ocr_repository, monkeypatch):
 
 
 def test_a_failed_download_names_the_package_and_the_index(tmp_path, monkeypatch):
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "ERROR: No matching distribution"))
-    with pytest.raises(ocr.OcrWeightsUnavailable, match=r"rapidocr-onnxruntime==1\.4\.4 .*https://pypi\.org/simple(.|\n)*No matching"):
+    monkeypatch.setattr(subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 1, "ERROR: No matching distribution"))
+    with pytest.raises(ocr.OcrWeightsUnavailable,
+                       match=r"rapidocr-onnxruntime==1\.4\.4 .*https://pypi\.org/simple(.|\n)*No matching"):
         ocr.fetch_wheel(tmp_path)
 
 
@@ -204,7 +207,8 @@ def test_a_wheel_with_another_hash_is_refused(tmp_path, monkeypatch):
 def test_the_built_models_have_the_tensor_names_their_configs_declare(ocr_repository):
     for name in OCR:
         cfg = parse_config(ocr_repository / name)
-        session = OnnxModel(ocr_repository / name / "1" / string_parameters(cfg)["artifact"], [t.name for t in cfg.input],
+        session = OnnxModel(ocr_repository / name / "1" / string_parameters(cfg)["artifact"],
+                            [t.name for t in cfg.input],
                             ["prob_map"] if name == "text_detector" else ["probs"], intra_op_threads=1)
         assert session.inputs == ("image",)
     classes = recognize.read_classes(ocr_repository / "text_recognizer" / "1" / "characters.txt")
@@ -278,7 +282,8 @@ def test_the_detector_finds_the_rendered_lines_in_reading_order(detected):
 def test_the_orientation_of_each_line_upright_and_upside_down(ocr_repository, detected):
     page, _, boxes = detected
     cfg = parse_config(ocr_repository / "text_orientation")
-    model = OnnxModel(ocr_repository / "text_orientation" / "1" / "model.onnx", ["image"], ["probs"], intra_op_threads=1)
+    model = OnnxModel(ocr_repository / "text_orientation" / "1" / "model.onnx", ["image"], ["probs"],
+                      intra_op_threads=1)
     labels = (ocr_repository / "text_orientation" / cfg.output[0].label_filename).read_text().split()
     crops = [page.crop(tuple(round(v) for v in box)) for box in boxes]
     batch = np.stack([_input(ocr_repository, "text_orientation", c)[0] for c in crops + [c.rotate(180) for c in crops]])
@@ -290,7 +295,9 @@ def test_the_orientation_of_each_line_upright_and_upside_down(ocr_repository, de
 def test_the_recogniser_reads_each_detected_line_exactly(ocr_repository, detected):
     page, _, boxes = detected
     crops = [page.crop(tuple(round(v) for v in box)) for box in boxes]
-    out = _function(ocr_repository, "text_recognizer")({"image": np.stack([_input(ocr_repository, "text_recognizer", c)[0] for c in crops])})
+    out = _function(ocr_repository,
+                    "text_recognizer")({"image": np.stack([_input(ocr_repository, "text_recognizer", c)[0]
+                                                           for c in crops])})
     assert out["TEXT"].shape == (len(LINES), 1) and out["TEXT"].dtype == object
     assert [t.decode("utf-8") for t in out["TEXT"][:, 0]] == [text for text, _ in LINES]
     assert out["CONFIDENCE"].dtype == np.float32 and (out["CONFIDENCE"] > 0.9).all(), out["CONFIDENCE"]
@@ -312,8 +319,8 @@ def test_a_page_of_more_words_than_max_boxes_keeps_the_best_in_reading_order():
 @pytest.mark.parametrize(("model", "file"), [("text_detector", "model.onnx"), ("text_recognizer", "characters.txt")])
 def test_a_missing_model_file_fails_the_load_not_a_request(tmp_path, model, file):
     folder = tmp_path / model / "1"
-    shutil.copytree(MODELS / model / "1", folder, ignore=shutil.ignore_patterns("*.onnx", "*.xml", "*.bin", "*.txt",
-                                                                                "__pycache__"))
+    shutil.copytree(MODELS / model / "1", folder,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.xml", "*.bin", "*.txt", "__pycache__"))
     with pytest.raises(FileNotFoundError, match=f"{file} is missing"):
         load_function(folder, string_parameters(parse_config(MODELS / model))["function"])
 

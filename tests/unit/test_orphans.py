@@ -32,7 +32,8 @@ def repo(tmp_path) -> Path:
     return tmp_path / "models"
 
 
-def _stand_in(tmp_path: Path, repo: Path, owner: int, parent: int, other_repo: bool = False) -> tuple[subprocess.Popen, Path]:
+def _stand_in(tmp_path: Path, repo: Path, owner: int, parent: int,
+              other_repo: bool = False) -> tuple[subprocess.Popen, Path]:
     link = tmp_path / "triton_python_backend_stub"  # its name is its comm, as a real stub's
     if not link.exists():
         link.symlink_to(sys.executable)
@@ -81,7 +82,8 @@ def test_a_stub_of_a_live_bls_serve_or_of_another_repository_is_left_alone(tmp_p
 def test_regions_a_dead_bls_serve_left_on_this_repository_are_removed(tmp_path, repo):
     dead = _dead_pid()
     mine = Path("/dev/shm") / f"{SHM_PREFIX}bls{dead}_{processes._mark(str(repo.resolve()))}_abcdef_{os.getpid()}-x"
-    live = Path("/dev/shm") / f"{SHM_PREFIX}bls{os.getpid()}_{processes._mark(str(repo.resolve()))}_abcdef_{os.getpid()}-y"
+    live = (Path("/dev/shm")
+            / f"{SHM_PREFIX}bls{os.getpid()}_{processes._mark(str(repo.resolve()))}_abcdef_{os.getpid()}-y")
     for region in (mine, live):
         region.write_bytes(b"\0")
     try:

@@ -28,7 +28,8 @@ def test_the_config_names_the_environment_once(tmp_path, repo_root):
     shutil.copy(repo_root / "models" / "classify_bls" / "config.pbtxt", config)
     _point_config_at(config, "$$TRITON_MODEL_DIRECTORY/bls-env-py3.12.tar.gz")
     assert config.read_text().endswith(
-        'parameters { key: "EXECUTION_ENV_PATH", value: { string_value: "$$TRITON_MODEL_DIRECTORY/bls-env-py3.12.tar.gz" } }\n')
+        'parameters { key: "EXECUTION_ENV_PATH", value: { string_value: '
+        '"$$TRITON_MODEL_DIRECTORY/bls-env-py3.12.tar.gz" } }\n')
     with pytest.raises(PackError, match="already sets EXECUTION_ENV_PATH"):
         _point_config_at(config, "$$TRITON_MODEL_DIRECTORY/other.tar.gz")
 

@@ -145,7 +145,8 @@ def make_pipeline(tmp_path):
             (repo / name).mkdir()
             (repo / name / "config.pbtxt").write_text(_classifier_config(name, max_batch, params))
             shutil.copy(MODELS / "resnet50_onnx" / "labels.txt", repo / name / "labels.txt")
-        config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0, cascade_classifiers=()),
+        config = dataclasses.replace(PipelineConfig(classifiers=(PRIMARY, SECONDARY), tta_threshold=0.0,
+                                                    cascade_classifiers=()),
                                      **overrides)
         pipeline = Pipeline(repo, classifier, config)
         made.append(pipeline)
@@ -203,7 +204,8 @@ def test_default_topk_comes_from_config(make_pipeline):
 def test_bad_image_fails_only_its_request(make_pipeline):
     classifier = Classifier({PRIMARY})
     pipeline = make_pipeline(classifier)
-    requests = [ImageRequest(IMAGES[0:1]), ImageRequest([IMAGES[1], b"<html>nope</html>", IMAGES[2]]), ImageRequest(IMAGES[3:4])]
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest([IMAGES[1], b"<html>nope</html>", IMAGES[2]]),
+                ImageRequest(IMAGES[3:4])]
     results, timings = pipeline.run(requests, classifier)
 
     assert isinstance(results[0], Prediction) and isinstance(results[2], Prediction)
@@ -329,7 +331,8 @@ def test_failure_of_a_still_ready_classifier_fails_the_requests(make_pipeline):
         assert (r.reason, r.code) == (PRIMARY, "INTERNAL")  # broken, not busy: the model that failed
         assert PRIMARY in r.message and "is unavailable" in r.message
     assert (results[1].reason, results[1].code) == ("unsupported_format", "INVALID_ARGUMENT")  # its own error is kept
-    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 3}  # images: 2 + 1
+    # images: 2 + 1
+    assert timings.rejected == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 3}
     assert timings.rejected_requests == {("unsupported_format", "INVALID_ARGUMENT"): 1, (PRIMARY, "INTERNAL"): 2}
 
 
@@ -339,8 +342,8 @@ def test_every_request_is_counted_once_with_every_image_it_carried(make_pipeline
     from bls_pipeline.adapter.metrics import series
 
     classifier = Classifier({PRIMARY})
-    requests = [ImageRequest(IMAGES[0:2]), ImageRequest([IMAGES[2], b"junk", IMAGES[3]]), ImageRequest(IMAGES[4:5], topk=0),
-                ImageRequest([]), ImageRequest(IMAGES[5:6])]
+    requests = [ImageRequest(IMAGES[0:2]), ImageRequest([IMAGES[2], b"junk", IMAGES[3]]),
+                ImageRequest(IMAGES[4:5], topk=0), ImageRequest([]), ImageRequest(IMAGES[5:6])]
     results, timings = make_pipeline(classifier).run(requests, classifier)
     answered = sum(isinstance(r, Prediction) for r in results)
     counts = series(timings, answered)
@@ -403,7 +406,8 @@ def test_no_classifier_ready_fails_every_request(make_pipeline):
 @pytest.mark.parametrize("topk", [0, -3, len(LABELS) + 1])
 def test_topk_out_of_range_fails_that_request_only(make_pipeline, topk):
     classifier = Classifier({PRIMARY})
-    requests = [ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2], topk=topk), ImageRequest(IMAGES[2:3], topk=len(LABELS))]
+    requests = [ImageRequest(IMAGES[0:1]), ImageRequest(IMAGES[1:2], topk=topk),
+                ImageRequest(IMAGES[2:3], topk=len(LABELS))]
     results, _ = make_pipeline(classifier).run(requests, classifier)
     assert isinstance(results[1], RequestError)
     assert results[1].reason == "bad_request"
@@ -537,8 +541,10 @@ def test_cascade_threshold_zero_never_escalates(make_pipeline):
 # ---- a child's failure fails only the requests that needed it -------------------------------
 @pytest.mark.parametrize("breaks,code,reason,says", [
     (dict(logits=lambda batch: np.zeros((len(batch), 10), np.float32)), "INTERNAL", PRIMARY, "(1, 10)"),  # wrong shape
-    (dict(logits=lambda batch: np.zeros((len(batch), 1000), np.float64)), "INTERNAL", PRIMARY, "as FP64"),  # wrong dtype
-    (dict(errors={PRIMARY: ChildCallError("CUDA error: an illegal memory access")}), "INTERNAL", PRIMARY, "illegal memory"),
+    # wrong dtype
+    (dict(logits=lambda batch: np.zeros((len(batch), 1000), np.float64)), "INTERNAL", PRIMARY, "as FP64"),
+    (dict(errors={PRIMARY: ChildCallError("CUDA error: an illegal memory access")}), "INTERNAL", PRIMARY,
+     "illegal memory"),
     (dict(errors={PRIMARY: ChildCallError("Exceeds maximum queue size", busy=True)}), "UNAVAILABLE", "classifiers",
      "Exceeds maximum queue size"),
 ])

@@ -81,7 +81,8 @@ def test_labels_are_score_index_label_bytes():
     first = top.labels[0, 0]
     assert isinstance(first, bytes)
     assert re.fullmatch(rb"\d\.\d{6}:1:class_1", first)
-    for (score, index, label), s, c in zip((x.decode().split(":") for x in top.labels[0]), top.scores[0], top.class_ids[0]):
+    for (score, index, label), s, c in zip((x.decode().split(":") for x in top.labels[0]), top.scores[0],
+                                           top.class_ids[0]):
         assert float(score) == pytest.approx(float(s), abs=5e-7)
         assert int(index) == c
         assert label == LABELS[c]

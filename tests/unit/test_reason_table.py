@@ -14,7 +14,8 @@ _MAKERS = {"RequestError": 1, "ImageError": 0}  # the class, and where its reaso
 
 
 def _name(call: ast.Call) -> str:
-    return call.func.id if isinstance(call.func, ast.Name) else call.func.attr if isinstance(call.func, ast.Attribute) else ""
+    return (call.func.id if isinstance(call.func, ast.Name) else call.func.attr if isinstance(call.func, ast.Attribute)
+            else "")
 
 
 def _argument(call: ast.Call, index: int, keyword: str) -> ast.expr | None:
@@ -33,7 +34,8 @@ def _literals(node: ast.expr | None) -> set[str]:
 def code_reasons() -> set[str]:
     trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "bls_pipeline").rglob("*.py"))]
     reasons: set[str] = set()
-    passed_on: dict[str, int] = {}  # a function whose parameter becomes the reason -> its index among a call's arguments
+    # a function whose parameter becomes the reason -> its index among a call's arguments
+    passed_on: dict[str, int] = {}
     for tree in trees:
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             params = [a.arg for a in fn.args.args]
@@ -60,9 +62,11 @@ def table_reasons() -> set[str]:
 
 def test_the_code_gives_the_reasons_this_test_knows_of():
     """The scan finds what it should (a scan that found nothing would pass the next test)."""
-    assert {"bad_request", "bad_parameter", "flow", "corrupt", "too_many_regions", "cancelled", "no_time"} <= code_reasons()
+    assert ({"bad_request", "bad_parameter", "flow", "corrupt", "too_many_regions", "cancelled", "no_time"}
+            <= code_reasons())
 
 
 def test_every_reason_the_runtime_gives_is_in_the_status_code_table():
     missing = code_reasons() - table_reasons()
-    assert not missing, f"docs/reliability.md's status-code table lacks the reason(s) {sorted(missing)}: add a row or name them"
+    assert (not missing), (f"docs/reliability.md's status-code table lacks the reason(s) {sorted(missing)}: add a row "
+                           "or name them")

@@ -265,14 +265,16 @@ def test_a_detector_output_of_the_wrong_shape_fails_that_execute_naming_it(repo)
 
 def test_a_detector_output_of_the_wrong_shape_fails_only_the_requests_it_ran_on(repo):
     (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace(
-        "found = batch.infer(settings.detector)", 'found = batch.infer(settings.detector, rows=batch.request_id != "no_det")'))
+        "found = batch.infer(settings.detector)",
+        'found = batch.infer(settings.detector, rows=batch.request_id != "no_det")'))
 
     def flat(batch):
         return {"BOXES": np.zeros((len(batch), 4, 4), np.float32), "SCORES": np.zeros((len(batch), 3), np.float32),
                 "COUNT": np.zeros((len(batch), 1), np.int32)}
 
     with local(repo, models={"det": flat}) as flow:
-        failed, answered = flow.run([ImageRequest([picture([])], id="det"), ImageRequest([picture([])], id="no_det")])[0]
+        failed, answered = flow.run([ImageRequest([picture([])], id="det"),
+                                     ImageRequest([picture([])], id="no_det")])[0]
     assert (failed.reason, failed.code) == ("det", "INTERNAL") and "detector det returned SCORES" in failed.message
     assert answered.routes[0, 0] == b"no_blue"
 
@@ -310,7 +312,8 @@ def test_min_score_on_a_detector_without_scores_is_the_flows_error(repo):
 
 
 def test_regions_of_regions(repo, tmp_path):
-    text = FLOW.replace('''    colours = regions.classify(settings.colour)''', '''    inner = regions.regions(regions.infer(settings.detector))
+    text = FLOW.replace('''    colours = regions.classify(settings.colour)''',
+                        '''    inner = regions.regions(regions.infer(settings.detector))
     if len(regions):  # not on the load check's probe image, which has none
         assert len(inner) == 2 and (inner.image == 0).all() and (inner.parent == [0, 1]).all(), inner
         np.testing.assert_allclose(inner.box, regions.box, atol=2.5)
@@ -324,21 +327,24 @@ def test_regions_of_regions(repo, tmp_path):
 
 def test_repeated_rows_are_an_error_naming_them(repo):
     text = FLOW.replace("    colours = regions.classify(settings.colour)",
-                        "    batch.classify(settings.colour, rows=[0, 0])\n    colours = regions.classify(settings.colour)")
+                        "    batch.classify(settings.colour, rows=[0, 0])\n    colours = "
+                        "regions.classify(settings.colour)")
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
     with pytest.raises(ConfigError, match=r"rows= repeats row\(s\) \[0\]"):
         local(repo)
 
 
 def test_a_declared_output_the_flow_never_fills_fails_the_load(repo):
-    text = FLOW.replace('''    answer.output("NEEDS_REVIEW", np.bincount(regions.image, minlength=len(batch)) == 0)\n''', "")
+    text = FLOW.replace('    answer.output("NEEDS_REVIEW", np.bincount(regions.image, minlength=len(batch)) == 0)\n',
+                        "")
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
     with pytest.raises(ConfigError, match=r"declares output\(s\) NEEDS_REVIEW, which the answer did not fill"):
         local(repo)
 
 
 def test_declared_region_outputs_need_an_attached_answer(repo):
-    (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace("return answer.attach(per_region)", "return answer"))
+    (repo / "regions_flow" / "1" / "flow.py").write_text(FLOW.replace("return answer.attach(per_region)",
+                                                                      "return answer"))
     with pytest.raises(ConfigError, match="declares REGION_COUNT, REGION_BOXES, REGION_LABELS, REGION_ROUTE, and the "
                                           "answer attached no regions"):
         local(repo)
@@ -359,7 +365,9 @@ def test_tensor_inputs_are_checked_against_the_childs_config(repo):
 
 
 def test_a_column_passes_outputs_on_without_reading_them(repo):
-    text = FLOW.replace('''    head = regions.infer(settings.head, rows=colours.covered, inputs={"features": colours.probs})''', '''    raw = regions.infer(settings.colour)
+    text = FLOW.replace('    head = regions.infer(settings.head, rows=colours.covered, '
+                        'inputs={"features": colours.probs})',
+                        '''    raw = regions.infer(settings.colour)
     head = regions.infer(settings.head, inputs={"features": raw.tensor("probs")})''')
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
     with local(repo) as flow:
@@ -383,7 +391,8 @@ def test_rotate_feeds_the_rows_upside_down(repo):
         return name_colour(batch)
 
     text = FLOW.replace("    colours = regions.classify(settings.colour)",
-                        "    regions.classify(settings.colour, rotate=180)\n    colours = regions.classify(settings.colour)")
+                        "    regions.classify(settings.colour, rotate=180)\n    colours = "
+                        "regions.classify(settings.colour)")
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
     image = picture([("red", (4, 4, 20, 12)), ("blue", (4, 12, 20, 20))])  # one region: red above blue
     with local(repo, models={"colour": record, "det": _one_box}) as flow:
@@ -401,7 +410,8 @@ def _one_box(batch):
 def test_regions_without_regions_in_the_flow_api_are_a_flow_error(repo):
     text = FLOW.replace("regions = batch.regions(found,", "regions = batch.regions(batch.infer(settings.colour),")
     (repo / "regions_flow" / "1" / "flow.py").write_text(text)
-    with pytest.raises(ConfigError, match="regions\\(\\) needs a detector, and colour's config.pbtxt names no boxes_output"):
+    with pytest.raises(ConfigError,
+                       match="regions\\(\\) needs a detector, and colour's config.pbtxt names no boxes_output"):
         local(repo)
     assert issubclass(FlowError, RuntimeError)
 
@@ -418,8 +428,8 @@ def test_boxes_go_back_through_the_detectors_letterbox(pad, box_in, units):
     from bls_pipeline.stages.preprocess import PreprocessSpec
 
     spec = PreprocessSpec(mode="keep_aspect", crop=64, pad=pad)
-    child = ChildModel("letterboxed", 4, TensorInfo("image", "FP32", (3, 64, 64)), (TensorInfo("BOXES", "FP32", (-1, 4)),),
-                       spec, detector=Detector("BOXES", units))
+    child = ChildModel("letterboxed", 4, TensorInfo("image", "FP32", (3, 64, 64)),
+                       (TensorInfo("BOXES", "FP32", (-1, 4)),), spec, detector=Detector("BOXES", units))
     # A 200x100 image fills 64x32 of the input: at the top, or centred (16 rows of padding above).
     found = found_boxes(child, {"BOXES": np.array([[box_in]], np.float32)}, np.array([0]),
                         np.array([[0.0, 0.0, 200.0, 100.0]]), np.ones(1))

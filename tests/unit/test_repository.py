@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.serve.repository import Repository, drain_stages, export_hint, plan_loading
-from bls_pipeline.base.modelconfig import config_variant, parse_config, string_parameters
+from bls_pipeline.base.modelconfig import config_variant
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -30,7 +30,9 @@ CLASSIFIERS = _listed("classify_bls", "cascade_classifiers", "classifiers")  # e
 def repo(tmp_path) -> Path:
     """models/ as shipped, with a (fake) ONNX file for every *_onnx model."""
     dst = tmp_path / "models"
-    shutil.copytree(MODELS, dst, symlinks=True, ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin", "*.xml.json", "__pycache__"))
+    shutil.copytree(MODELS, dst, symlinks=True,
+                    ignore=shutil.ignore_patterns("*.onnx", "*.onnx.data", "*.onnx.json", "*.plan", "*.xml", "*.bin",
+                                                  "*.xml.json", "__pycache__"))
     for onnx in dst.glob("*_onnx"):
         (onnx / "1" / "model.onnx").write_bytes(b"")
     return dst
@@ -45,14 +47,16 @@ def test_a_flow_calls_what_its_settings_declare():
 
 def test_the_flows_settings_change_what_it_calls(repo):
     (repo / "classify_bls" / "config.pbtxt").write_text(
-        config_variant(repo / "classify_bls", "classify_bls", {"cascade_classifiers": "none", "classifiers": "resnet50_onnx"}))
+        config_variant(repo / "classify_bls", "classify_bls",
+                       {"cascade_classifiers": "none", "classifiers": "resnet50_onnx"}))
     assert Repository.read(repo).callees["classify_bls"] == ("resnet50_onnx",)
 
 
 def test_loading_a_flow_loads_what_it_calls(repo):
     plan = plan_loading(repo, {"python"}, only=("classify_bls",))
     assert plan.load == ("classify_bls", "efficientnet_lite0_onnx", "resnet50_onnx")
-    assert set(plan.load) | set(plan.skipped) == {"classify_bls", *CLASSIFIERS}  # each declared model: loaded or why not
+    # each declared model: loaded or why not
+    assert set(plan.load) | set(plan.skipped) == {"classify_bls", *CLASSIFIERS}
     assert "no TensorRT backend" in plan.skipped["resnet50_trt"]
 
 

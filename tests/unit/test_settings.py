@@ -58,7 +58,8 @@ def test_settings_are_frozen():
     ("key", "raw", "read", "expected"),
     [
         ("classifiers", "a", lambda r, f: f.classifiers, ("a",)),
-        ("classifiers", " resnet50_onnx , resnet50_trt ,", lambda r, f: f.classifiers, ("resnet50_onnx", "resnet50_trt")),
+        ("classifiers", " resnet50_onnx , resnet50_trt ,", lambda r, f: f.classifiers,
+         ("resnet50_onnx", "resnet50_trt")),
         ("default_topk", "3", lambda r, f: r.default_topk, 3),
         ("tta_threshold", "0.4", lambda r, f: f.tta_threshold, 0.4),
         ("tta_threshold", "0", lambda r, f: f.tta_threshold, 0.0),
@@ -76,8 +77,10 @@ def test_each_key_parses(key, raw, read, expected):
     runtime, flow = parse({key: raw})
     assert read(runtime, flow) == expected
     # ...and only that key: everything else keeps its default.
-    changed = {f.name for f in dataclasses.fields(RuntimeSettings) if getattr(runtime, f.name) != getattr(RuntimeSettings(), f.name)}
-    changed |= {f.name for f in dataclasses.fields(ClassifySettings) if getattr(flow, f.name) != getattr(ClassifySettings(), f.name)}
+    changed = {f.name for f in dataclasses.fields(RuntimeSettings)
+               if getattr(runtime, f.name) != getattr(RuntimeSettings(), f.name)}
+    changed |= {f.name for f in dataclasses.fields(ClassifySettings)
+                if getattr(flow, f.name) != getattr(ClassifySettings(), f.name)}
     assert changed <= {key, "decode"}
 
 
@@ -171,7 +174,8 @@ def test_every_setting_type_parses_and_defaults_are_parsed_too():
 
     assert All() == All(whole=3, number=2.5, flag=True, name="x", share=0.1, models=Candidates(("a", "b")))
     parsed = All.parse({"whole": "-4", "number": "1e3", "flag": "false", "name": " y ", "share": "1", "models": "c"})
-    assert (parsed.whole, parsed.number, parsed.flag, parsed.name, parsed.share, parsed.models) == (-4, 1000.0, False, " y ", 1.0, ("c",))
+    assert ((parsed.whole, parsed.number, parsed.flag, parsed.name, parsed.share, parsed.models)
+            == (-4, 1000.0, False, " y ", 1.0, ("c",)))
     with pytest.raises(ConfigError, match="write true or false"):
         All.parse({"flag": "maybe"})
 
@@ -252,8 +256,10 @@ def test_encoded_bytes_child_has_no_preprocessing():
         ("3, 224, 224", {"preprocess_resize_mode": "squash"}, "TYPE_FP32", "shorter_side, stretch"),
         ("3, 224, 224", {"preprocess_mean": "0.5,0.5,0.5"}, "TYPE_UINT8", "remove preprocess_mean"),
         ("224, 224", {"preprocess_resize": "256"}, "TYPE_FP32", "an image input needs 3"),
-        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad": "left"}, "TYPE_FP32", "preprocess_pad='left'"),
-        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad_value": "300"}, "TYPE_FP32", "preprocess_pad_value=300"),
+        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad": "left"}, "TYPE_FP32",
+         "preprocess_pad='left'"),
+        ("3, 224, 224", {"preprocess_resize_mode": "keep_aspect", "preprocess_pad_value": "300"}, "TYPE_FP32",
+         "preprocess_pad_value=300"),
         ("3, 224, 224", {"boxes_units": "pixels"}, "TYPE_FP32", "add boxes_output"),
         ("3, 224, 224", {"boxes_output": "logits", "boxes_units": "pixels"}, "TYPE_FP32", "names no output"),
     ],
@@ -328,7 +334,8 @@ def test_keep_aspect_takes_a_non_square_input():
     child = child_model("rec", _pixels_model("3, 48, 320", {"preprocess_resize_mode": "keep_aspect",
                                                            "preprocess_pad_value": "127.5"}))
     spec = child.preprocess
-    assert (spec.mode, spec.crop, spec.input_width, spec.pad, spec.pad_value) == ("keep_aspect", 48, 320, "bottom_right", 127.5)
+    assert ((spec.mode, spec.crop, spec.input_width, spec.pad, spec.pad_value)
+            == ("keep_aspect", 48, 320, "bottom_right", 127.5))
     assert spec.input_shape == (3, 48, 320)
 
 

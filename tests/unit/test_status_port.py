@@ -50,7 +50,8 @@ def port(tmp_path):
     mute.bind(("127.0.0.1", 0))
     mute.listen(16)
     state = {"now": ServerState(known=("classify_bls", "resnet50_onnx"))}
-    states = States({"classify_bls": {"state": "READY", "reason": ""}, "resnet50_onnx": {"state": "READY", "reason": ""}})
+    states = States({"classify_bls": {"state": "READY", "reason": ""},
+                     "resnet50_onnx": {"state": "READY", "reason": ""}})
     status = StatusServer("127.0.0.1", _free_port(), states, f"127.0.0.1:{mute.getsockname()[1]}", None, True,
                           tmp_path / "executions.sock", ready_for=("classify_bls",), server=lambda: state["now"])
     status.start()
@@ -87,13 +88,15 @@ def test_a_failed_reload_beside_a_serving_copy_shows_and_ready_stays(port):
     url, state, _ = port
     failure = LoadFailure("resnet50_onnx", "1", "Internal: INVALID_PROTOBUF", 0.0)
     state["now"] = ServerState(known=("classify_bls", "resnet50_onnx"), load_failing={"resnet50_onnx": failure},
-                               load_failures={"resnet50_onnx": 1}, restarts={**dict.fromkeys(RESTART_CAUSES, 0), "hung": 2})
+                               load_failures={"resnet50_onnx": 1},
+                               restarts={**dict.fromkeys(RESTART_CAUSES, 0), "hung": 2})
     text = _get(f"{url}/metrics")[1]
     assert 'bls_model_load_failed{model="resnet50_onnx"} 1' in text
     assert 'bls_model_load_failures_total{model="resnet50_onnx"} 1' in text
     assert 'bls_tritonserver_restarts_total{cause="hung"} 2' in text
     code, ready = _get(f"{url}/ready")
-    assert code == 200 and "resnet50_onnx (its last load failed, its serving copy answers: Internal: INVALID_PROTOBUF)" in ready
+    assert (code == 200
+            and "resnet50_onnx (its last load failed, its serving copy answers: Internal: INVALID_PROTOBUF)" in ready)
 
 
 def test_a_model_not_ready_is_named_from_the_states_last_seen(port):

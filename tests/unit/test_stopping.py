@@ -13,7 +13,8 @@ from bls_pipeline.serve import stopping
 from bls_pipeline.serve.in_flight import Snapshot
 from bls_pipeline.serve.processes import Stubs
 
-BEFORE = {11: "classify_bls_0_0", 12: "classify_bls_0_1", 13: "resnet50_onnx_0_0", 14: "resnet50_onnx"}  # 14: a config stub
+# 14: a config stub
+BEFORE = {11: "classify_bls_0_0", 12: "classify_bls_0_1", 13: "resnet50_onnx_0_0", 14: "resnet50_onnx"}
 STAGES = [("classify_bls",), ("resnet50_onnx",)]
 
 
@@ -107,7 +108,8 @@ def test_a_model_is_done_with_its_requests_once_one_of_its_stubs_exited():
 
 def test_an_unloaded_model_is_done():
     now = Stubs({13: "resnet50_onnx_0_0"}, frozenset())
-    assert stopping.done_with_requests(("classify_bls", "ensemble_resnet50"), BEFORE, {"classify_bls": "UNAVAILABLE"}, now)
+    assert (stopping.done_with_requests(("classify_bls", "ensemble_resnet50"), BEFORE, {"classify_bls": "UNAVAILABLE"},
+                                        now))
 
 
 def test_a_dead_stub_is_no_sign_of_destruction():
@@ -127,7 +129,8 @@ def test_with_two_copies_of_a_model_it_waits_for_the_unload():
 # ---- the drain ---------------------------------------------------------------------------------------
 
 def test_the_drain_unloads_callers_first_and_each_stage_once_the_one_before_is_being_destroyed(clock):
-    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"}, {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
+    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"},
+                    {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
     seen = {}  # model -> the live stubs when its unload was first seen
 
     def record(t):
@@ -142,7 +145,8 @@ def test_the_drain_unloads_callers_first_and_each_stage_once_the_one_before_is_b
 
 
 def test_a_drain_past_its_limit_says_which_models_were_busy(clock, caplog):
-    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"}, {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
+    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"},
+                    {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
     triton.pending = 3.0  # requests queued: never quiet, never destroyed
     result = _drain(triton, clock, limit=5.0)
     assert not result.drained and not result.unanswered
@@ -151,7 +155,8 @@ def test_a_drain_past_its_limit_says_which_models_were_busy(clock, caplog):
 
 
 def test_a_model_quiet_and_not_being_destroyed_is_held_and_the_drain_goes_on(clock, caplog):
-    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"}, {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
+    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"},
+                    {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
     triton.tick = destroy_when_unloading("resnet50_onnx", 13)  # classify_bls is never destroyed: held
     result = _drain(triton, clock)
     assert result == stopping.Drain(True, held=("classify_bls",))
@@ -202,7 +207,8 @@ def test_a_tritonserver_that_exits_mid_drain_ends_the_drain_at_once(clock):
 
 
 def test_a_slow_answer_is_asked_again_not_taken_for_a_hang(clock):
-    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"}, {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
+    triton = Triton(clock, {"classify_bls": "READY", "resnet50_onnx": "READY"},
+                    {11: "classify_bls_0_0", 13: "resnet50_onnx_0_0"})
     hiccup = destroy_when_unloading("classify_bls", 11), destroy_when_unloading("resnet50_onnx", 13)
 
     def tick(t):
@@ -271,8 +277,8 @@ def test_with_a_held_model_it_gets_the_grace_not_its_exit_timeout(clock, caplog)
 def test_a_held_model_whose_stub_stirs_was_only_slow_and_tritonserver_may_finish(clock, caplog):
     caplog.set_level("INFO")
     proc = Process(clock, exits_after=3.0)
-    ended = stopping.terminate(proc, ("classify_bls",), Stirs(clock, "classify_bls", at=0.5), deadline=25.0, clock=clock,
-                               grace_s=1.0)
+    ended = stopping.terminate(proc, ("classify_bls",), Stirs(clock, "classify_bls", at=0.5), deadline=25.0,
+                               clock=clock, grace_s=1.0)
     assert ended == stopping.Terminated(True) and clock() == 3.0
     assert "classify_bls only slow to unload, not held" in caplog.text
 

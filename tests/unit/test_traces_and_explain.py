@@ -18,7 +18,8 @@ from bls_pipeline.tools.explain import main as explain_main, parse_duration, ren
 MS = 1_000_000
 
 
-def _entries(trace_id: int, model: str, request_id: str, stamps: dict[str, int], parent: int | None = None) -> list[dict]:
+def _entries(trace_id: int, model: str, request_id: str, stamps: dict[str, int],
+             parent: int | None = None) -> list[dict]:
     head = {"id": trace_id, "model_name": model, "model_version": 1}
     if request_id:
         head["request_id"] = request_id
@@ -28,16 +29,18 @@ def _entries(trace_id: int, model: str, request_id: str, stamps: dict[str, int],
 
 
 def _request(t0: int, queue: int, compute: int) -> dict[str, int]:
-    return {"REQUEST_START": t0, "QUEUE_START": t0 + 10_000, "COMPUTE_START": t0 + queue, "COMPUTE_END": t0 + queue + compute,
-            "REQUEST_END": t0 + queue + compute + 50_000}
+    return {"REQUEST_START": t0, "QUEUE_START": t0 + 10_000, "COMPUTE_START": t0 + queue,
+            "COMPUTE_END": t0 + queue + compute, "REQUEST_END": t0 + queue + compute + 50_000}
 
 
 def test_a_file_becomes_its_requests_with_their_child_calls():
     child = {"REQUEST_START": 20 * MS, "QUEUE_START": 20 * MS, "COMPUTE_START": 21 * MS, "COMPUTE_END": 90 * MS,
              "REQUEST_END": 91 * MS}
-    text = json.dumps(_entries(2, "classify_bls", "req-0", _request(0, 5 * MS, 100 * MS)) + _entries(3, "resnet50_onnx", "", child, 2))
+    text = json.dumps(_entries(2, "classify_bls", "req-0", _request(0, 5 * MS, 100 * MS))
+                      + _entries(3, "resnet50_onnx", "", child, 2))
     (trace,) = parse(text)
-    assert (trace.model, trace.request_id, trace.span_ms("QUEUE_START", "COMPUTE_START")) == ("classify_bls", "req-0", 4.99)
+    assert ((trace.model, trace.request_id, trace.span_ms("QUEUE_START", "COMPUTE_START"))
+            == ("classify_bls", "req-0", 4.99))
     assert [c.model for c in trace.children] == ["resnet50_onnx"] and not trace.refused
 
 
@@ -54,8 +57,10 @@ def test_how_a_request_left_the_queue_unserved_is_read_from_its_trace():
     assert {name: (t.unserved, t.refused) for name, t in unserved.items()} == {
         "full": ("queue_full", True), "timed out": ("queue_timeout", True), "cancelled": ("cancelled", False)}
     assert unserved["full"].span_ms("REQUEST_START", "REQUEST_END") is None
-    (answered,) = parse(json.dumps(_entries(5, "classify_bls", "a", {**_request(0, MS, MS), "INFER_RESPONSE_COMPLETE": 3 * MS})))
-    (gone_after,) = parse(json.dumps(_entries(6, "classify_bls", "g", _request(0, MS, MS))))  # computed, its client gone by the end
+    (answered,) = parse(json.dumps(_entries(5, "classify_bls", "a",
+                                            {**_request(0, MS, MS), "INFER_RESPONSE_COMPLETE": 3 * MS})))
+    # computed, its client gone by the end
+    (gone_after,) = parse(json.dumps(_entries(6, "classify_bls", "g", _request(0, MS, MS))))
     assert (answered.unserved, gone_after.unserved, answered.refused) == (None, None, False)
 
 
@@ -70,7 +75,8 @@ def test_each_file_is_read_once_whole_and_removed_when_owned(tmp_path):
     assert [t.request_id for t in files.read_new()] == ["b"] and files.read_new() == []
     kept = TraceFiles(prefix, remove=False)
     (tmp_path / "trace.json.2").write_text(json.dumps(_entries(3, "m", "c", _request(0, MS, MS))))
-    assert [t.request_id for t in kept.read_new()] == ["c"] and kept.read_new() == []  # the user's file stays, read once
+    # the user's file stays, read once
+    assert [t.request_id for t in kept.read_new()] == ["c"] and kept.read_new() == []
     assert (tmp_path / "trace.json.2").exists()
 
 
@@ -81,8 +87,8 @@ def test_a_file_that_never_parses_is_given_up(tmp_path):
 
 
 def _record(t0: int, t1: int, requests: list[str], probes: int = 0) -> dict:
-    return {"event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": 4242, "t0_ns": t0, "t1_ns": t1,
-            "requests": requests, "probes": probes, "images": len(requests), "failed": {},
+    return {"event": "bls_execute", "flow": "classify_bls", "instance": "classify_bls_0_1", "pid": 4242, "t0_ns": t0,
+            "t1_ns": t1, "requests": requests, "probes": probes, "images": len(requests), "failed": {},
             "child_calls_traced_with": requests[0],
             "ms": {"read": 0.5, "decode_preprocess": 10.0, "flow": 60.0, "child_calls": 55.0, "answers": 2.0,
                    **({"probes": 20.0} if probes else {}), "metrics": 0.5, "responses": 1.0},
@@ -106,7 +112,8 @@ def test_a_request_is_explained_by_the_record_of_its_execute_part_by_part():
     parts = {p["part"]: p for p in found["parts"]}
     assert parts["to the stub"]["ms"] == 1.0 and parts["back to Triton"]["ms"] == 1.0
     assert parts["probes"]["ms"] == 20.0 and "1 watchdog probe(s)" in parts["probes"]["note"]
-    assert parts["child resnet50_onnx"]["level"] == 1 and "in Triton: queue 2.0 ms, compute 48.0 ms" in parts["child resnet50_onnx"]["note"]
+    assert (parts["child resnet50_onnx"]["level"] == 1
+            and "in Triton: queue 2.0 ms, compute 48.0 ms" in parts["child resnet50_onnx"]["note"])
     assert parts["flow's own code"]["ms"] == 5.0
     assert parts["unmeasured in execute()"]["ms"] == 0.0  # 94 ms of execute(): 0.5 + 10 + 60 + 2 + 20 + 0.5 + 1
     assert found["covered"] == pytest.approx(1.0)
@@ -120,7 +127,8 @@ def test_a_request_the_flow_sent_no_record_for_says_so():
 
 
 def test_slowest_ranks_by_time_in_triton_and_leaves_out_the_probes():
-    traces = parse(json.dumps(_entries(1, "m", "a", _request(0, MS, MS)) + _entries(2, "m", "b", _request(0, MS, 9 * MS))
+    traces = parse(json.dumps(_entries(1, "m", "a", _request(0, MS, MS))
+                              + _entries(2, "m", "b", _request(0, MS, 9 * MS))
                               + _entries(3, "m", "bls_probe", _request(0, MS, 99 * MS))))
     assert [t.request_id for t in slowest(traces, 2, exclude_ids=("bls_probe",))] == ["b", "a"]
 
@@ -130,8 +138,8 @@ def test_the_histogram_is_prometheus_s_cumulative_buckets_sum_and_count():
     for value in (0.05, 0.5, 0.5, 7.0):
         h.observe(value)
     assert h.lines("x_seconds", 'model="m"') == [
-        'x_seconds_bucket{model="m",le="0.1"} 1', 'x_seconds_bucket{model="m",le="1"} 3', 'x_seconds_bucket{model="m",le="+Inf"} 4',
-        'x_seconds_sum{model="m"} 8.050000', 'x_seconds_count{model="m"} 4']
+        'x_seconds_bucket{model="m",le="0.1"} 1', 'x_seconds_bucket{model="m",le="1"} 3',
+        'x_seconds_bucket{model="m",le="+Inf"} 4', 'x_seconds_sum{model="m"} 8.050000', 'x_seconds_count{model="m"} 4']
 
 
 def test_the_latency_bounds_are_fine_enough_for_a_quantile_within_a_few_percent():
@@ -150,7 +158,8 @@ def test_bls_explain_prints_each_part_under_the_compute_with_the_stubs_pid():
     assert [ln.split()[0] for ln in lines[3:6]] == ["to", "read", "decode_preprocess"]
     assert any(ln.startswith("      child resnet50_onnx") for ln in lines)  # within the flow, indented under it
     # 94 ms of execute(), 74 of them in its parts: 20 unmeasured, and the share of the compute says so.
-    assert [ln.split()[-1] for ln in lines if "unmeasured" in ln] == ["took"] and "20.0" in next(ln for ln in lines if "unmeasured" in ln)
+    assert ([ln.split()[-1] for ln in lines if "unmeasured" in ln] == ["took"]
+            and "20.0" in next(ln for ln in lines if "unmeasured" in ln))
     assert lines[-2] == "    (the measured parts: 79.2% of the compute)" and lines[-1].startswith("  response")
 
 
@@ -161,9 +170,10 @@ def test_bls_explain_says_whether_triton_refused_a_request_or_its_client_had_gon
         said[name] = render(explain(trace, [])).splitlines()[1:]
     assert said == {
         "full": ["  refused by Triton's queue, full (Exceeds maximum queue size): the model never saw it"],
-        "timed out": ["  refused by Triton's queue once it waited out its timeout (Request timeout expired): the model never saw it"],
-        "cancelled": ["  its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's queue: "
-                      "dropped there, not refused; the model never saw it"]}
+        "timed out": ["  refused by Triton's queue once it waited out its timeout (Request timeout expired): the model "
+                      "never saw it"],
+        "cancelled": ["  its client had gone (cancelled, or its gRPC deadline passed) while it waited in Triton's "
+                      "queue: dropped there, not refused; the model never saw it"]}
     (trace,) = parse(json.dumps(_entries(4, "classify_bls", "r", _CANCELLED)))
     assert explain(trace, [])["unserved"] == "cancelled" and explain(trace, [])["refused"] is False
 
@@ -197,14 +207,16 @@ def test_the_status_port_counts_users_requests_refusals_and_cancellations_apart(
     assert 'bls_refused_requests_total{model="classify_bls",reason="queue_full"} 1' in text
     assert 'bls_refused_requests_total{model="classify_bls",reason="queue_timeout"} 1' in text
     assert 'bls_queue_cancelled_requests_total{model="classify_bls"} 2' in text
-    assert "# HELP bls_queue_cancelled_requests_total " in text and "# TYPE bls_queue_cancelled_requests_total counter" in text
+    assert ("# HELP bls_queue_cancelled_requests_total " in text
+            and "# TYPE bls_queue_cancelled_requests_total counter" in text)
     assert list(tmp_path.glob("trace.json.*")) == []  # its own folder: read and removed
 
 
 def test_slowest_keeps_to_a_model_and_a_time_window():
     """--model and --since: a slow request of another model, or one from an earlier run, is not
     among the slowest."""
-    traces = parse(json.dumps(_entries(1, "m", "old", _request(0, MS, 99 * MS)) + _entries(2, "m", "new", _request(100 * MS, MS, 5 * MS))
+    traces = parse(json.dumps(_entries(1, "m", "old", _request(0, MS, 99 * MS))
+                              + _entries(2, "m", "new", _request(100 * MS, MS, 5 * MS))
                               + _entries(3, "other", "x", _request(100 * MS, MS, 50 * MS))
                               + _entries(4, "m", "newer", _request(200 * MS, MS, 2 * MS))))
     assert [t.request_id for t in slowest(traces, 3)] == ["old", "x", "new"]
@@ -213,7 +225,8 @@ def test_slowest_keeps_to_a_model_and_a_time_window():
     assert slowest(traces, 3, model="absent") == []
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("1.5m", 90.0), ("250ms", 0.25)])
+@pytest.mark.parametrize(("text", "seconds"),
+                         [("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("1.5m", 90.0), ("250ms", 0.25)])
 def test_a_duration_is_a_number_and_a_unit(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -251,7 +264,8 @@ def test_the_status_port_answers_the_slowest_of_a_model_in_a_window(tmp_path, ca
         assert explain_main(["--status", address, "--slowest", "5", "--json"]) == 0
         assert [f["request_id"] for f in json.loads(capsys.readouterr().out)] == [
             "ten-minutes-ago", "just-now-elsewhere", "just-now"]
-        assert explain_main(["--status", address, "--slowest", "5", "--since", "5m", "--model", "classify_bls", "--json"]) == 0
+        assert (explain_main(["--status", address, "--slowest", "5", "--since", "5m", "--model", "classify_bls",
+                              "--json"]) == 0)
         assert [f["request_id"] for f in json.loads(capsys.readouterr().out)] == ["just-now"]
         assert explain_main(["--status", address, "--slowest", "5", "--since", "5m", "--model", "read_text"]) == 1
         assert capsys.readouterr().err == "no request of read_text in the last 5m traced\n"

@@ -30,7 +30,8 @@ def voter(seed: int, calls: list):
 @pytest.fixture
 def images():
     photos = [SAMPLES / f"{n}.jpg" for n in ("mug", "chelsea", "coffee")]
-    return [p.read_bytes() for p in photos] + [(SAMPLES / "night.png").read_bytes(), (SAMPLES / "blank.png").read_bytes()]
+    return ([p.read_bytes() for p in photos]
+            + [(SAMPLES / "night.png").read_bytes(), (SAMPLES / "blank.png").read_bytes()])
 
 
 def test_unusable_images_end_early_and_the_rest_get_both_votes(images):
@@ -52,7 +53,8 @@ def test_one_voter_ready_answers_alone(images):
     calls = []
     with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, calls)}, ready={"image_quality", FIRST}) as flow:
         prediction = flow.classify(images[:1] + images[3:])
-    assert prediction.routes[:, 0].tolist() == [f"{FIRST}:alone".encode(), b"image_quality:too_dark", b"image_quality:blank"]
+    assert (prediction.routes[:, 0].tolist()
+            == [f"{FIRST}:alone".encode(), b"image_quality:too_dark", b"image_quality:blank"])
 
 
 def test_without_image_quality_every_image_is_classified(images):
@@ -65,6 +67,7 @@ def test_without_image_quality_every_image_is_classified(images):
 
 def test_thresholds_come_from_the_config(images):
     lenient = {"min_brightness": "0", "min_contrast": "0.01"}  # night.png: brightness 0.03, contrast 0.017
-    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, [])}, parameters=lenient, ready={"image_quality", FIRST}) as flow:
+    with LocalFlow(MODELS / "triage_bls", {FIRST: voter(1, [])}, parameters=lenient,
+                   ready={"image_quality", FIRST}) as flow:
         routes = flow.classify(images[3:]).routes[:, 0].tolist()
     assert routes == [f"{FIRST}:alone".encode(), b"image_quality:blank"]  # dark is fine now; blank still ends early

@@ -89,8 +89,10 @@ def test_a_shadow_the_call_cannot_be_mirrored_to_is_counted_with_the_reason(enco
     for model in ("classify_bls", "resnet50_onnx"):
         shutil.copytree(MODELS / model, repo / model, ignore=shutil.ignore_patterns("*.onnx*", "__pycache__"))
     shutil.copytree(repo / "resnet50_onnx", repo / "resnet50_twin")
-    config = (repo / "resnet50_twin" / "config.pbtxt").read_text().replace('name: "resnet50_onnx"', 'name: "resnet50_twin"')
-    config = config.replace('input [ { name: "input"', 'input [ { name: "SCALE", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "input"')
+    config = (repo / "resnet50_twin" / "config.pbtxt").read_text()
+    config = config.replace('name: "resnet50_onnx"', 'name: "resnet50_twin"')
+    config = config.replace('input [ { name: "input"',
+                            'input [ { name: "SCALE", data_type: TYPE_FP32, dims: [ 1 ] }, { name: "input"')
     (repo / "resnet50_twin" / "config.pbtxt").write_text(config)
     with caplog.at_level("INFO", logger="bls_pipeline.runtime.call.trials"):
         with LocalFlow(repo / "classify_bls", {"resnet50_onnx": stable, "resnet50_twin": stable},
@@ -168,13 +170,15 @@ def test_a_full_or_unready_shadow_skips_the_call():
 
 
 @pytest.mark.parametrize("params,message", [
-    ({"shadow": "resnet50_onnx=resnet50_onnx@2", "shadow_share": "1.5"}, "shadow_share=1.5: must be between 0.0 and 1.0"),
+    ({"shadow": "resnet50_onnx=resnet50_onnx@2", "shadow_share": "1.5"},
+     "shadow_share=1.5: must be between 0.0 and 1.0"),
     ({"canary": "resnet50_onnx=resnet50_onnx@2", "canary_share": "-0.1"}, "canary_share=-0.1: must be between"),
     ({"shadow": "resnet50_onnx"}, "parameter shadow='resnet50_onnx': write stable=candidate"),
     ({"shadow": "resnet50_onnx=resnet50_onnx"}, "the candidate is the stable model itself"),
     ({"shadow": "resnet50_onnx=no_such_model"}, "parameter shadow: candidate 'no_such_model' cannot be used"),
     ({"canary": "resnet50_trt_x=resnet50_onnx@2"}, "parameter canary: the flow calls no model 'resnet50_trt_x'"),
-    ({"shadow": "resnet50_onnx=image_quality"}, "parameter shadow: image_quality does not answer with resnet50_onnx's labels"),
+    ({"shadow": "resnet50_onnx=image_quality"},
+     "parameter shadow: image_quality does not answer with resnet50_onnx's labels"),
 ])
 def test_bad_trial_settings_fail_the_load_naming_the_setting(params, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):

@@ -23,7 +23,8 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 
 def test_dead_stub_model_from_triton_messages():
     assert dead_stub_model("Stub process 'resnet50_onnx_0_0' is not healthy.") == "resnet50_onnx"
-    assert dead_stub_model("classifier x failed: Stub process 'classify_bls_failover_0_12' is not healthy.") == "classify_bls_failover"
+    assert (dead_stub_model("classifier x failed: Stub process 'classify_bls_failover_0_12' is not healthy.")
+            == "classify_bls_failover")
     assert dead_stub_model("Request for unknown model: 'resnet50_onnx' has no available versions") is None
     assert dead_stub_model("IMAGE[0]: not a decodable image") is None
 
@@ -40,7 +41,8 @@ def test_probe_for_a_classifier_is_one_zero_tensor():
 
 
 def test_instance_names_follow_the_config():
-    assert instance_names("classify_bls", parse_config(MODELS / "classify_bls")) == {"classify_bls_0_0", "classify_bls_0_1"}
+    assert (instance_names("classify_bls", parse_config(MODELS / "classify_bls"))
+            == {"classify_bls_0_0", "classify_bls_0_1"})
     assert instance_names("resnet50_onnx", parse_config(MODELS / "resnet50_onnx")) == {"resnet50_onnx_0_0"}
 
 
@@ -74,7 +76,8 @@ def test_a_stub_that_became_a_zombie_is_dead_until_a_fresh_copy_serves_its_insta
     assert dog._dead_stubs() == []
     procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1"}, dead=(13,))  # resnet50_onnx's only stub killed
     assert dog._dead_stubs() == ["resnet50_onnx"] and dog.instance_of(13) == "resnet50_onnx_0_0"
-    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"}, dead=(13,))  # reloaded; old copy stuck
+    # reloaded; old copy stuck
+    procs.set({11: "classify_bls_0_0", 12: "classify_bls_0_1", 14: "resnet50_onnx_0_0"}, dead=(13,))
     assert dog._dead_stubs() == []
     assert dog.instance_of(13) == "resnet50_onnx_0_0"  # kept while a zombie: the stop names it
 
@@ -261,14 +264,16 @@ def test_a_broken_models_probes_back_off_to_the_cap_and_log_once():
     while now <= 300.0:
         if backoff.due("m", now):
             probes.append(now)
-            lines.append(backoff.failed("m", "[StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]\nmore", now))
+            lines.append(backoff.failed("m", "[StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]\nmore",
+                                        now))
         now += 2.0  # the watchdog's rounds
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[:5] == [2.0, 4.0, 8.0, 16.0, 30.0] and set(gaps[4:]) == {30.0}
     assert len(probes) == 14  # in 5 minutes, not 150
     said = [ln for ln in lines if ln]
-    assert said == ["watchdog: the probe of m failed: [StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]; "
-                    "probing it again in 2 s, then twice as long each time, up to every 30 s, until it answers"]
+    assert (said
+            == ["watchdog: the probe of m failed: [StatusCode.INTERNAL] Expected [-1,3,224,224], got [1,3,200,200]; "
+                "probing it again in 2 s, then twice as long each time, up to every 30 s, until it answers"])
     assert backoff.answered("m", 301.0) == "watchdog: m answers its probe again, after 301 s and 14 failed probe(s)"
     assert backoff.answered("m", 303.0) is None and backoff.due("m", 303.0)  # answering: every round, nothing logged
     assert backoff.failed("m", "broken again", 304.0).startswith("watchdog: the probe of m failed: broken again;")
@@ -290,7 +295,8 @@ def test_probe_soon_probes_a_broken_model_at_the_next_round_and_restarts_its_bac
     assert not backoff.due("m", 32.0) and backoff.due("m", 33.0)  # interval_s again, then doubling
 
 
-def test_the_watchdog_skips_a_broken_model_until_due_and_a_change_in_the_ready_models_probes_it(dog, monkeypatch, caplog):
+def test_the_watchdog_skips_a_broken_model_until_due_and_a_change_in_the_ready_models_probes_it(dog, monkeypatch,
+                                                                                                caplog):
     from tritonclient.utils import InferenceServerException
 
     sent, clock = [], [100.0]
@@ -329,4 +335,5 @@ def test_the_watchdog_skips_a_broken_model_until_due_and_a_change_in_the_ready_m
     sent.clear()
     dog._halt.left = 1
     dog._probe_rounds()
-    assert sent == [(114, "classify_bls"), (114, "resnet50_onnx"), (114, "image_quality")]  # classify_bls due at 116 else
+    # classify_bls due at 116 else
+    assert sent == [(114, "classify_bls"), (114, "resnet50_onnx"), (114, "image_quality")]

@@ -187,7 +187,8 @@ def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: 
                   "the client cancelled the request (or its gRPC deadline passed)")
         elif left[r] <= 0:
             _fail(results, timings, r, images(r), stage, "expired", UNAVAILABLE,
-                  f"its deadline (the timeout parameter, {clock.requests[r].timeout_s * 1e3:.0f} ms) passed before {stage}")
+                  f"its deadline (the timeout parameter, {clock.requests[r].timeout_s * 1e3:.0f} ms) passed before "
+                  f"{stage}")
         elif carried is None or r in carried:
             alive.append(r)
     if predicted is None or not alive:
@@ -197,8 +198,8 @@ def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: 
     for r in order[keep:]:
         need = predicted(int(counts[keep]))
         _fail(results, timings, r, images(r), stage, "no_time", UNAVAILABLE,
-              f"refused: {max(left[r], 0) * 1e3:.0f} ms left of its deadline, and {stage} takes about {need * 1e3:.0f} ms "
-              "now; send it again with a longer timeout, or later")
+              f"refused: {max(left[r], 0) * 1e3:.0f} ms left of its deadline, and {stage} takes about {need * 1e3:.0f} "
+              "ms now; send it again with a longer timeout, or later")
 
 
 def late(clock: RequestClock, now: float, carried: dict[int, int], base: int, bound_s: float,

@@ -15,7 +15,7 @@ never fills fails the requests (and the load check) with its name: none is silen
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ...base.dtypes import numpy_dtype
 from ...base.tensors import TensorInfo
 from ..errors import FlowError
 from ..call.rows import Rows, _as_rows
+
+if TYPE_CHECKING:
+    from ..call.scores import Scores
 
 __all__ = ["Answer"]
 
@@ -61,10 +64,11 @@ class Answer:
         its call skipped as optional under overload keep the answer they have (set before or
         after), and its ROUTE becomes "<that model>:degraded", the reason in the JSON answer."""
         if scores is None:
-            raise FlowError(f"Answer.set(None, {branch!r}): that call found no READY model; check for None before answering with it")
+            raise FlowError(f"Answer.set(None, {branch!r}): that call found no READY model; check for None before "
+                            "answering with it")
         if scores.size != self.size:
-            raise FlowError(f"Answer.set: these Scores are for a batch of {scores.size} rows and this answer has {self.size}; "
-                            "answer regions with regions.answer(), images with batch.answer()")
+            raise FlowError(f"Answer.set: these Scores are for a batch of {scores.size} rows and this answer has "
+                            f"{self.size}; answer regions with regions.answer(), images with batch.answer()")
         if len(scores.rows):
             self._source[scores.rows] = len(self._sources)
             self._sources.append(scores)
@@ -89,7 +93,8 @@ class Answer:
             raise FlowError(f"answer.output({name!r}): the runtime writes {name} from the rest of the answer; "
                             "fill those (set(), skip(), output(), attach()) and it follows")
         if name in STANDARD_OUTPUTS or name in REGION_OUTPUTS:
-            raise FlowError(f"answer.output({name!r}): the runtime fills {name}; use set()/skip() (and attach() for regions)")
+            raise FlowError(f"answer.output({name!r}): the runtime fills {name}; use set()/skip() (and attach() for "
+                            "regions)")
         info = self._declared.get(name)
         if info is None:
             declared = ", ".join(n for n in self._declared if n not in STANDARD_OUTPUTS and n not in REGION_OUTPUTS)
@@ -126,7 +131,8 @@ class Answer:
         declared = [n for n in self._declared if n in REGION_OUTPUTS]
         if self._declared and not declared:
             raise FlowError("answer.attach(): the flow model declares no REGION_* output in its config.pbtxt, so its "
-                            f"regions would be sent nowhere; declare those it should send ({', '.join(REGION_OUTPUTS)})")
+                            "regions would be sent nowhere; declare those it should send "
+                            f"({', '.join(REGION_OUTPUTS)})")
         if any(a is regions_answer for a in self._attached):
             raise FlowError("answer.attach(): that regions answer is attached already")
         self._attached.append(regions_answer)

@@ -73,7 +73,8 @@ def add_documents(results: list, declared: Mapping[str, Any], per_region: Collec
             for doc, note in zip(docs, result.notes):
                 doc.update(note)
             rows = [encode(d) for d in docs]
-            results[r] = replace(result, outputs={**result.outputs, JSON.name: np.array(rows, dtype=object).reshape(-1, 1)})
+            results[r] = replace(result,
+                                 outputs={**result.outputs, JSON.name: np.array(rows, dtype=object).reshape(-1, 1)})
 
 
 def _image(t: Mapping[str, np.ndarray], i: int, dims: dict, own: list[str], per_region: list[str]) -> dict[str, Any]:
@@ -97,7 +98,8 @@ def _region(t: Mapping[str, np.ndarray], i: int, j: int, dims: dict, per_region:
     if REGION_ROUTE.name in t:
         region["route"] = _text(t[REGION_ROUTE.name][i, j])
     if REGION_LABELS.name in t:
-        region.update(_top(t[REGION_LABELS.name][i, j], _row(t, REGION_SCORES.name, i, j), _row(t, REGION_CLASS_IDS.name, i, j)))
+        region.update(_top(t[REGION_LABELS.name][i, j], _row(t, REGION_SCORES.name, i, j),
+                           _row(t, REGION_CLASS_IDS.name, i, j)))
     if per_region:
         region["outputs"] = {n: _value(t[n][i, j], tuple(dims[n])[1:] if n in dims else None) for n in per_region}
     return region

@@ -28,15 +28,16 @@ def check_filled(answer: Answer, declared: Mapping[str, TensorInfo]) -> None:
     if regions and not answer.attached:
         raise FlowError(f"its config.pbtxt declares {', '.join(regions)}, and the answer attached no regions "
                         "(answer.attach(regions_answer)), on every path, even when there are none")
-    filled = set(answer.outputs).union(*(a.outputs for a in answer.attached)) if answer.attached else set(answer.outputs)
+    filled = (set(answer.outputs).union(*(a.outputs for a in answer.attached)) if answer.attached
+              else set(answer.outputs))
     own = [n for n in declared if n not in STANDARD_OUTPUTS and n not in REGION_OUTPUTS and n not in filled]
     if own:
         raise FlowError(f"its config.pbtxt declares output(s) {', '.join(own)}, which the answer did not fill "
                         f"(answer.output({own[0]!r}, values)) on this path; fill them on every path")
 
 
-def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequest], results: list, timings: Timings, *,
-                flow: str, declared: Mapping[str, TensorInfo], default_topk: int, device: Device,
+def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequest], results: list, timings: Timings,
+                *, flow: str, declared: Mapping[str, TensorInfo], default_topk: int, device: Device,
                 warnings: Mapping[str, str] | None = None) -> None:
     """Fill `results` (None: still pending) with each request's Prediction from the flow's
     answer: its images' rows (`owners`: each row's request), top-k labels, ROUTE, the flow's
@@ -63,7 +64,8 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
             regions.append((part, mine, region_table))
         pending.append((r, rows, table, regions))
     for top, (table, positions) in zip(device.top_k(asks), fills):
-        table.labels[positions], table.scores[positions], table.class_ids[positions] = top.labels, top.scores, top.class_ids
+        table.labels[positions], table.scores[positions] = top.labels, top.scores
+        table.class_ids[positions] = top.class_ids
     for r, rows, table, regions in pending:
         unanswered = table.unanswered()
         if unanswered is None:
@@ -93,7 +95,8 @@ def predictions(answer: Answer, owners: np.ndarray, requests: Sequence[ImageRequ
             results[r] = result
 
 
-def _notes(answer: Answer, rows: np.ndarray, timings: Timings, warnings: Mapping[str, str]) -> tuple[dict[str, str], ...]:
+def _notes(answer: Answer, rows: np.ndarray, timings: Timings,
+           warnings: Mapping[str, str]) -> tuple[dict[str, str], ...]:
     """Per image, what its JSON answer says beside its outputs: why it was answered degraded,
     and a warning of the model that answered it (random weights); () when there is neither.
     Degraded images are counted per stage skipped and why."""

@@ -31,7 +31,8 @@ from ..load.fields import Candidates
 __all__ = ["Answer", "Batch", "ChildCallError", "Classify", "Column", "FlowError", "Infer", "NoModelReady", "Outputs",
            "Regions", "RunContext", "Scores"]
 
-Models = Union[Candidates, Sequence[str], str, None]  # an ordered candidate list, one model name, or None (the role is off)
+# an ordered candidate list, one model name, or None (the role is off)
+Models = Union[Candidates, Sequence[str], str, None]
 # What a call feeds a child's tensor inputs, by input name: per row of the batch, a numpy
 # array (one entry per row) or a Column (another call's output, left where it is).
 Inputs = Union[Mapping[str, "np.ndarray | Column"], None]
@@ -162,7 +163,8 @@ class Batch:
         from ..decode.boxes import found_boxes
 
         if not 0 <= margin <= 1 or min_size < 0:
-            raise FlowError(f"regions(): margin must be within 0..1 and min_size >= 0, got margin={margin} min_size={min_size}")
+            raise FlowError(f"regions(): margin must be within 0..1 and min_size >= 0, got margin={margin} "
+                            f"min_size={min_size}")
         if found is None:
             return Regions._empty(self)
         if not isinstance(found, Outputs):
@@ -176,8 +178,8 @@ class Batch:
             raise FlowError(f"regions() needs a detector, and {child.name}'s config.pbtxt names no boxes_output "
                             "(with boxes_units, and box_scores_output / count_output if it has them)")
         if min_score is not None and child.detector.scores is None:
-            raise FlowError(f"regions(min_score={min_score}) needs box scores, and {child.name}'s config.pbtxt names no "
-                            "box_scores_output: name it, or filter the regions in the flow")
+            raise FlowError(f"regions(min_score={min_score}) needs box scores, and {child.name}'s config.pbtxt names "
+                            "no box_scores_output: name it, or filter the regions in the flow")
         values = {name: found.raw(name) for name in found.names}
         sources, scales = self._sources(found.rows)
         try:
@@ -235,7 +237,8 @@ class Regions(Batch):
     """
 
     def __init__(self, parent: Batch, image: np.ndarray, parent_rows: np.ndarray, box: np.ndarray, crop: np.ndarray,
-                 scale: np.ndarray, score: np.ndarray, class_id: np.ndarray, too_small: np.ndarray, detector: str | None):
+                 scale: np.ndarray, score: np.ndarray, class_id: np.ndarray, too_small: np.ndarray,
+                 detector: str | None):
         super().__init__(parent._run, len(image))
         self.image, self.parent, self.box = image, parent_rows, box.astype(np.float32)
         self.score, self.class_id, self.too_small, self.detector = score, class_id, too_small, detector
@@ -280,7 +283,8 @@ class Regions(Batch):
         size = np.array([_size(images[i]) for i in image[keep]], dtype=np.float64).reshape(-1, 2)
         w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
         crop = np.stack([np.maximum(boxes[:, 0] - margin * w, 0), np.maximum(boxes[:, 1] - margin * h, 0),
-                         np.minimum(boxes[:, 2] + margin * w, size[:, 0]), np.minimum(boxes[:, 3] + margin * h, size[:, 1])],
+                         np.minimum(boxes[:, 2] + margin * w, size[:, 0]),
+                         np.minimum(boxes[:, 3] + margin * h, size[:, 1])],
                         axis=1)
         shown = boxes * scale[keep][:, None]
         too_small = ((shown[:, 2] - shown[:, 0]) < min_size) | ((shown[:, 3] - shown[:, 1]) < min_size)

@@ -231,10 +231,12 @@ class Calls:
                 plan.failure = (plan.model, failed)
                 if plan.retry_until is None:
                     plan.retry_until = router.retry_until(plan.candidates, True)
-                if router.still_ready(plan.candidates, plan.tried, plan.model) and router.serving_version(plan.model) == plan.version:
+                if (router.still_ready(plan.candidates, plan.tried, plan.model)
+                        and router.serving_version(plan.model) == plan.version):
                     plan.tried += (plan.model,)
                 todo.append(plan)
-            elif (limit := _batch_limit(failed, plan.model)) is not None and limit < self._exec.child(plan.model).max_batch_size:
+            elif ((limit := _batch_limit(failed, plan.model)) is not None
+                  and limit < self._exec.child(plan.model).max_batch_size):
                 # Loaded again with a smaller max_batch_size since (Model Analyzer's search does):
                 # the call goes again, split at the limit the server named.
                 log.warning("%s %s now takes at most %d rows a request (%s); splitting its calls at %d",
@@ -340,14 +342,15 @@ class Calls:
         if missing:
             raise FlowError(f"model {child.name} needs input(s) {', '.join(missing)}, which are not images: pass them "
                             f"by name, e.g. inputs={{{missing[0]!r}: outputs.tensor(...)}}")
-        wanted = (child.scores_output.name,) if isinstance(plan.call, Classify) else tuple(o.name for o in child.outputs)
+        wanted = ((child.scores_output.name,) if isinstance(plan.call, Classify)
+                  else tuple(o.name for o in child.outputs))
         # On a GPU device, outputs come back in its memory (strings cannot live there).
         strings = any(o.dtype in ("STRING", "BYTES") for o in child.outputs if o.name in wanted)
         gpu = None if strings else device.gpu
         step = child.max_batch_size
         timeout = self._exec.timeout_for(batch._image_rows(plan.rows), plan.optional_mask())
-        return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu, plan.version,
-                             timeout)
+        return [ChildRequest(child.name, {name: value[i:i + step] for name, value in feeds.items()}, wanted, gpu,
+                             plan.version, timeout)
                 for i in range(0, len(plan.rows), step)]
 
     def _tensor_inputs(self, batch: CallTarget, child: ChildModel, given: Mapping, rows: np.ndarray) -> dict:
@@ -360,10 +363,12 @@ class Calls:
                                 f"{', '.join(t.name for t in child.inputs)}")
             if isinstance(value, Column):
                 if value.size != batch.size:
-                    raise FlowError(f"inputs[{name!r}]: {value} is for a batch of {value.size} rows, this one has {batch.size}")
+                    raise FlowError(f"inputs[{name!r}]: {value} is for a batch of {value.size} rows, this one has "
+                                    f"{batch.size}")
                 missing = np.setdiff1d(rows, value.rows)
                 if len(missing):
-                    raise FlowError(f"inputs[{name!r}]: {value} does not cover row(s) {missing[:10].tolist()} of this call")
+                    raise FlowError(f"inputs[{name!r}]: {value} does not cover row(s) {missing[:10].tolist()} of this "
+                                    "call")
                 data = value.value if len(value.rows) == len(rows) and (value.rows == rows).all() else \
                     self._device.take(value.value, np.searchsorted(value.rows, rows))
             else:
@@ -391,7 +396,8 @@ class Calls:
         skipped = tuple(plan.skipped)
         if isinstance(plan.call, Classify):
             probs = device.probabilities(values[child.scores_output.name], child.scores)
-            return Scores(model, child.labels, batch.size, plan.rows, probs, device, plan.version if model else "", skipped)
+            return Scores(model, child.labels, batch.size, plan.rows, probs, device, plan.version if model else "",
+                          skipped)
         return Outputs(model, batch.size, plan.rows, values, device, skipped)
 
 
@@ -437,8 +443,10 @@ def _conform(child: ChildModel, info: TensorInfo, data):
         return data
     if info.dtype in ("STRING", "BYTES"):
         if data.dtype.kind not in "OSU":
-            raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype} (bytes or str)")
-        return np.array([v.encode() if isinstance(v, str) else v for v in data.reshape(-1)], dtype=object).reshape(data.shape)
+            raise FlowError(f"inputs[{info.name!r}] is {data.dtype}; model {child.name} declares TYPE_{info.dtype} "
+                            "(bytes or str)")
+        return np.array([v.encode() if isinstance(v, str) else v for v in data.reshape(-1)],
+                        dtype=object).reshape(data.shape)
     want = np.dtype(numpy_dtype(info.dtype))
     if data.dtype == want:
         return data
@@ -454,13 +462,13 @@ def _check_output(child: ChildModel, output, value, rows: int) -> None:
     expected = (rows, *output.dims)
     fits = value.ndim == len(expected) and all(e < 0 or e == v for e, v in zip(expected, value.shape))
     if not fits:
-        raise ChildCallError(f"{child.name} returned {output.name} with shape {tuple(value.shape)} for a batch of {rows}; "
-                             f"its config.pbtxt declares dims {list(output.dims)}, so expected {tuple(expected)}",
-                             model=child.name)
+        raise ChildCallError(f"{child.name} returned {output.name} with shape {tuple(value.shape)} for a batch of "
+                             f"{rows}; its config.pbtxt declares dims {list(output.dims)}, so expected "
+                             f"{tuple(expected)}", model=child.name)
     got = _dtype_name(value)
     if got != ("STRING" if output.dtype == "BYTES" else output.dtype):
-        raise ChildCallError(f"{child.name} returned {output.name} as {got}; its config.pbtxt declares TYPE_{output.dtype}",
-                             model=child.name)
+        raise ChildCallError(f"{child.name} returned {output.name} as {got}; its config.pbtxt declares "
+                             f"TYPE_{output.dtype}", model=child.name)
 
 
 def _dtype_name(value) -> str:

@@ -55,7 +55,8 @@ def engine_file(model_dir: Path, version: str) -> Path | None:
 
 
 def open_model_engine(model_dir: Path, version: str,
-                      opener: Callable[[Path, Sequence[str], Sequence[str], Mapping[str, str], Declared], object] = open_engine):
+                      opener: Callable[[Path, Sequence[str], Sequence[str], Mapping[str, str],
+                                        Declared], object] = open_engine):
     """The engine of a CPU engine model's version folder, opened as the model's adapter opens
     it: its config.pbtxt's tensors (the file checked against them) and parameters."""
     config = parse_config(model_dir)
@@ -76,7 +77,8 @@ class InProcessChildren:
     the others (fallbacks, models exported later) open on their first call."""
 
     def __init__(self, flow: str, repo: Path, models: Sequence[str], lists: Sequence[Sequence[str]],
-                 opener: Callable[[Path, Sequence[str], Sequence[str], Mapping[str, str], Declared], object] = open_engine):
+                 opener: Callable[[Path, Sequence[str], Sequence[str], Mapping[str, str],
+                                   Declared], object] = open_engine):
         self.flow, self.repo = flow, Path(repo)
         self._opener = opener
         self._engines: dict[tuple[str, str], object] = {}
@@ -86,9 +88,11 @@ class InProcessChildren:
         for model in dict.fromkeys(models):
             folder = self.repo / model
             if model not in called:
-                log.info("%s: run_in_process names %s, which it does not call: nothing to run in process for it", flow, model)
+                log.info("%s: run_in_process names %s, which it does not call: nothing to run in process for it", flow,
+                         model)
             elif not (folder / "config.pbtxt").is_file():
-                log.info("%s calls %s through Triton: its folder is not beside %s (a remote repository)", flow, model, flow)
+                log.info("%s calls %s through Triton: its folder is not beside %s (a remote repository)", flow, model,
+                         flow)
             elif engine_file(folder, "1") is None:  # its artifact names no engine file
                 raise ConfigError(f"model {flow}: parameter run_in_process names {model}, which is no CPU engine model "
                                   "(its artifact parameter must name an ONNX file or an OpenVINO IR, .onnx or .xml): "
@@ -140,7 +144,8 @@ class InProcessChildren:
             engine = self._engine(request.model, version)
             return engine.run(dict(request.inputs), request.outputs)
         except Exception as exc:  # noqa: BLE001 - the engine's failure is this call's, as in Triton
-            return ChildCallError(f"{request.model} (in process): {str(exc) or type(exc).__name__}", model=request.model)
+            return ChildCallError(f"{request.model} (in process): {str(exc) or type(exc).__name__}",
+                                  model=request.model)
 
     def send(self, inner: Send) -> Send:
         """A send running the requests to these models here, in order, and passing the others

@@ -95,7 +95,8 @@ class Router:
             if not versions:  # not pinned, or its folder is not beside this one (S3)
                 return bool(self._is_ready(model))
             # A version on trial answers only when no other is READY (its promotion under way).
-            ordered = [v for v in versions if (model, v) not in self._on_trial] + [v for v in versions if (model, v) in self._on_trial]
+            ordered = ([v for v in versions if (model, v) not in self._on_trial]
+                       + [v for v in versions if (model, v) in self._on_trial])
             version = next((v for v in ordered if self._is_ready(model, v)), None)
             if version is not None:
                 self._serving[model] = version
@@ -117,7 +118,8 @@ class Router:
     def chooser(self, candidates: tuple[str, ...]) -> CandidateChooser:
         chooser = self._choosers.get(candidates)
         if chooser is None:
-            chooser = self._choosers[candidates] = CandidateChooser(candidates, self.ready, self.options.route_recheck_s)
+            chooser = self._choosers[candidates] = CandidateChooser(candidates, self.ready,
+                                                                    self.options.route_recheck_s)
         return chooser
 
     def still_ready(self, candidates: tuple[str, ...], tried: tuple[str, ...], model: str) -> bool:

@@ -49,12 +49,13 @@ def _as_rows(size: int, rows: Rows) -> np.ndarray:
     if picked.size == 0:
         return np.empty(0, dtype=np.int64)
     if picked.dtype.kind not in "iu" or picked.ndim != 1:
-        raise FlowError(f"rows must be a boolean mask or a 1-d array of row indices, got {picked.dtype} with shape {picked.shape}")
+        raise FlowError(f"rows must be a boolean mask or a 1-d array of row indices, got {picked.dtype} with shape "
+                        f"{picked.shape}")
     if picked.min() < 0 or picked.max() >= size:
         raise FlowError(f"row indices must be in 0..{size - 1}, got {picked.min()}..{picked.max()}")
     unique, counts = np.unique(picked, return_counts=True)
     if (counts > 1).any():
         repeated = unique[counts > 1].tolist()
-        raise FlowError(f"rows= repeats row(s) {repeated[:10]}{' ...' if len(repeated) > 10 else ''}: each row is called "
-                        "once per call; for one call per region, make regions with batch.regions(...)")
+        raise FlowError(f"rows= repeats row(s) {repeated[:10]}{' ...' if len(repeated) > 10 else ''}: each row is "
+                        "called once per call; for one call per region, make regions with batch.regions(...)")
     return unique

@@ -89,14 +89,16 @@ class Scores(_CallResult):
         """These rows only (those this call covered)."""
         picked = _as_rows(self.size, rows)
         keep = np.isin(self.rows, picked)
-        return Scores(self.model, self.labels, self.size, self.rows[keep], self._device.take(self._probs, np.flatnonzero(keep)),
+        return Scores(self.model, self.labels, self.size, self.rows[keep],
+                      self._device.take(self._probs, np.flatnonzero(keep)),
                       self._device, self.version, _skipped_within(self._skipped, picked))
 
     def mean(self, other: "Scores") -> "Scores":
         """The average of two answers' probabilities, on the rows both cover. Its model is
         this one's when both came from the same model and version, else "<this>+<other>"."""
         if len(self.labels) != len(other.labels):
-            raise FlowError(f"cannot average {self.model} ({len(self.labels)} classes) with {other.model} ({len(other.labels)})")
+            raise FlowError(f"cannot average {self.model} ({len(self.labels)} classes) with {other.model} "
+                            f"({len(other.labels)})")
         rows = np.intersect1d(self.rows, other.rows)
         mine, theirs = np.searchsorted(self.rows, rows), np.searchsorted(other.rows, rows)
         same = other.model is None or (other.model, other.version) == (self.model, self.version)

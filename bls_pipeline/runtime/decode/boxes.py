@@ -77,8 +77,8 @@ def found_boxes(child: ChildModel, values: dict[str, np.ndarray], rows: np.ndarr
             raise _shape_error(child, det.count, count, f"({n}, 1), one count per row")
         count = count.reshape(n)
         if (count < 0).any() or (count > per_row).any():
-            raise ChildCallError(f"detector {child.name} returned {det.count}={count.tolist()} for {per_row} boxes per row; "
-                                 f"each count must be within 0..{per_row}", model=child.name)
+            raise ChildCallError(f"detector {child.name} returned {det.count}={count.tolist()} for {per_row} boxes per "
+                                 f"row; each count must be within 0..{per_row}", model=child.name)
         real = np.arange(per_row)[None, :] < count[:, None]
     else:
         real = ~(boxes == 0).all(axis=2)

@@ -84,7 +84,8 @@ class Execution:
             return
         t0 = time.perf_counter()
         with hooks.stage("decode_preprocess"):
-            decoded = self.device.decode(self._good_images(), runtime.options.decode, spec, keep_images=runtime.keep_images)
+            decoded = self.device.decode(self._good_images(), runtime.options.decode, spec,
+                                         keep_images=runtime.keep_images)
         for r, err in decoded.errors.items():  # a bad image fails its request, naming the image
             results[r] = RequestError(f"IMAGE[{decoded.bad_index[r]}]: {err}", err.reason)
             timings.reject(results[r], len(requests[r].images))  # the request's good images fail with it
@@ -146,11 +147,12 @@ class Execution:
                     r = int(owners[i])
                     aim = "deadline" if math.isfinite(self._clock.deadlines[r]) else \
                         f"latency_target_ms={self._runtime.options.latency_target_ms:g}"
-                    reasons[i] = (f"overloaded: this request's {aim} had passed before {stage} (by {-left[r] * 1e3:.0f} ms)"
+                    reasons[i] = (f"overloaded: this request's {aim} had passed before {stage} (by "
+                                  f"{-left[r] * 1e3:.0f} ms)"
                                   if left[r] <= 0 else
                                   f"overloaded: {stage} would answer in about {need * 1e3:.0f} ms (its queue "
-                                  f"{wait * 1e3:.0f} ms as Triton measured it), and {left[r] * 1e3:.0f} ms were left of "
-                                  f"this request's {aim}")
+                                  f"{wait * 1e3:.0f} ms as Triton measured it), and {left[r] * 1e3:.0f} ms were left "
+                                  f"of this request's {aim}")
         return alive & ~skipped, skipped, reasons
 
     def pending(self, image_rows: np.ndarray) -> np.ndarray:
@@ -204,7 +206,8 @@ class Execution:
         """What NoModelReady says: the role that had no READY candidate and each of its
         candidates' state (failed_loads: {model: the first line of why its load failed})."""
         if self._unready is None:
-            return "no model is ready (the flow raised NoModelReady, and none of its calls found its candidates un-READY)"
+            return ("no model is ready (the flow raised NoModelReady, and none of its calls found its candidates "
+                    "un-READY)")
         role, candidates, kind = self._unready
         states = ", ".join(f"{m} failed to load: {failed_loads[m]}" if m in failed_loads else f"{m} not READY"
                            for m in candidates)
@@ -256,9 +259,11 @@ class Execution:
             if spec is None:
                 raise FlowError("regions need pixels: declare at least one model with a pixel input")
             log.warning("flow %s: the load check did not see it cut regions, so the images are decoded again for them; "
-                        "call regions() on the probe image's path to keep them from the first decode", self._runtime.name)
+                        "call regions() on the probe image's path to keep them from the first decode",
+                        self._runtime.name)
             t0 = time.perf_counter()
-            again = self.device.decode([[data] for data in self._encoded], self._runtime.options.decode, spec, keep_images=True)
+            again = self.device.decode([[data] for data in self._encoded], self._runtime.options.decode, spec,
+                                       keep_images=True)
             self._decoded, self._scales = again.images, again.scales
             self._timings.decode_preprocess += time.perf_counter() - t0
         return self._decoded, self._scales

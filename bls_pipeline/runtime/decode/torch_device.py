@@ -41,8 +41,8 @@ def _require_torch():
         import torch
         import torchvision  # noqa: F401 - its decode_jpeg is the GPU decoder
     except ImportError as exc:
-        raise ConfigError("decoding on the GPU (a flow model with a KIND_GPU instance) needs torch and torchvision with "
-                          f"CUDA in the Python the stub runs ({exc}); install them there, or make the model's "
+        raise ConfigError("decoding on the GPU (a flow model with a KIND_GPU instance) needs torch and torchvision "
+                          f"with CUDA in the Python the stub runs ({exc}); install them there, or make the model's "
                           "instance_group KIND_CPU to decode on the CPU") from None
     return torch
 
@@ -56,8 +56,8 @@ class TorchDevice:
         self.device = torch.device(name)
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
-                raise ConfigError(f"torch sees no CUDA device here, so the flow cannot decode on {name}; make the model's "
-                                  "instance_group KIND_CPU, or install a CUDA build of torch")
+                raise ConfigError(f"torch sees no CUDA device here, so the flow cannot decode on {name}; make the "
+                                  "model's instance_group KIND_CPU, or install a CUDA build of torch")
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
         self.name = str(self.device)
@@ -90,7 +90,8 @@ class TorchDevice:
         jobs = [(r, i, data) for r, imgs in enumerate(images) if imgs is not None for i, data in enumerate(imgs)]
         headers = [gpu_jpeg(data, policy) for _, _, data in jobs]
         decoded = self._decode_on_device(jobs, headers)
-        batch = torch.empty((len(jobs), *spec.input_shape), dtype=self._ops.TORCH_DTYPES[spec.dtype], device=self.device)
+        batch = torch.empty((len(jobs), *spec.input_shape), dtype=self._ops.TORCH_DTYPES[spec.dtype],
+                            device=self.device)
         kept: list = [None] * len(jobs)
         scales = np.ones(len(jobs), dtype=np.float64)  # decoded here at full size
         if decoded:
@@ -120,7 +121,8 @@ class TorchDevice:
             keep = np.flatnonzero(~np.isin(owners, list(errors)))
             return DecodedBatch(self.take(batch, keep), owners[keep], errors, bad_index,
                                 [kept[i] for i in keep] if keep_images else None, scales[keep] if keep_images else None)
-        return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None, scales if keep_images else None)
+        return DecodedBatch(batch, owners, errors, bad_index, kept if keep_images else None,
+                            scales if keep_images else None)
 
     def _put(self, batch, rows: list[int], values) -> None:
         if len(rows) == len(batch):

@@ -19,8 +19,8 @@ from typing import Any
 
 from ...base.errors import ConfigError
 
-__all__ = ["Candidates", "Declared", "Field", "ParameterError", "Probability", "as_bool", "as_choice", "as_float", "as_int",
-           "as_names"]
+__all__ = ["Candidates", "Declared", "Field", "ParameterError", "Probability", "as_bool", "as_choice", "as_float",
+           "as_int", "as_names"]
 
 
 class ParameterError(ValueError):
@@ -51,7 +51,8 @@ def as_int(key: str, raw: str, minimum: int | None = None) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"parameter {key}={raw!r}: write a whole number, e.g. {key}: \"{max(minimum or 1, 1)}\"") from None
+        raise ConfigError(f"parameter {key}={raw!r}: write a whole number, e.g. {key}: "
+                          f"\"{max(minimum or 1, 1)}\"") from None
     if minimum is not None and value < minimum:
         raise ConfigError(f"parameter {key}={value}: must be >= {minimum}")
     return value
@@ -143,7 +144,8 @@ class Field:
         if kind is int:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
-            raise ParameterError(f"request parameter {name}={value!r}: send a whole number{_not_a_string(value, whole=True)}")
+            raise ParameterError(f"request parameter {name}={value!r}: send a whole "
+                                 f"number{_not_a_string(value, whole=True)}")
         if kind in (float, Probability):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 wanted = "a number between 0 and 1" if kind is Probability else "a finite number"
@@ -159,7 +161,8 @@ class Field:
         return value
 
     def describe(self) -> str:
-        return f"{self.name} ({'probability 0..1' if self.type is Probability else self.type.__name__}, default {self.default!r})"
+        return (f"{self.name} ({'probability 0..1' if self.type is Probability else self.type.__name__}, default "
+                f"{self.default!r})")
 
 
 def optional_of(hint) -> Any:

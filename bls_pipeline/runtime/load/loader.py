@@ -22,8 +22,8 @@ from .parameters import Parameters
 from ...base.errors import ConfigError
 from .settings import RuntimeSettings, Settings, parse_settings
 
-__all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models", "declared_preferences",
-           "flow_settings", "is_flow_model", "load_flow"]
+__all__ = ["FLOW_FILE", "FlowDefinition", "declared_calls", "declared_in_process", "declared_models",
+           "declared_preferences", "flow_settings", "is_flow_model", "load_flow"]
 
 FLOW_FILE = "flow.py"
 
@@ -54,7 +54,8 @@ def _import(path: Path):
 def load_flow(path: Path) -> FlowDefinition:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path} is missing: a flow model's version folder holds flow.py with `def flow(batch, settings)`")
+        raise ConfigError(f"{path} is missing: a flow model's version folder holds flow.py with `def flow(batch, "
+                          "settings)`")
     module = _import(path)
     fn = getattr(module, "flow", None)
     if not callable(fn):
@@ -64,13 +65,15 @@ def load_flow(path: Path) -> FlowDefinition:
         raise ConfigError(f"{path}: flow() takes {len(params)} parameter(s); write it as `def flow(batch, settings)`")
     hint = typing.get_type_hints(fn).get(params[1].name)
     settings = hint if isinstance(hint, type) and issubclass(hint, Settings) else getattr(module, "Settings", None)
-    if settings is not None and not (isinstance(settings, type) and issubclass(settings, Settings) and settings is not Settings):
+    if (settings is not None
+            and not (isinstance(settings, type) and issubclass(settings, Settings) and settings is not Settings)):
         settings = None
     declared = [v for v in vars(module).values()
-                if isinstance(v, type) and issubclass(v, Parameters) and v is not Parameters and v.__module__ == module.__name__]
+                if isinstance(v, type) and issubclass(v, Parameters) and v is not Parameters
+                and v.__module__ == module.__name__]
     if len(declared) > 1:
-        raise ConfigError(f"{path} declares {len(declared)} Parameters classes ({', '.join(c.__name__ for c in declared)}); "
-                          "declare a flow's request parameters in one")
+        raise ConfigError(f"{path} declares {len(declared)} Parameters classes "
+                          f"({', '.join(c.__name__ for c in declared)}); declare a flow's request parameters in one")
     return FlowDefinition(fn, settings, path, declared[0] if declared else None)
 
 

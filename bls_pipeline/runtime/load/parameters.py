@@ -35,8 +35,8 @@ __all__ = ["Parameters", "RowParameters", "TRITON_PARAMETERS"]
 
 # Request parameters Triton reads itself (its frontends take most of them out before a model
 # sees the request) and the watchdog's probe: never a flow's.
-TRITON_PARAMETERS = frozenset({"timeout", "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
-                               "headers", PROBE_PARAMETER})
+TRITON_PARAMETERS = frozenset({"timeout", "priority", "sequence_id", "sequence_start", "sequence_end",
+                               "binary_data_output", "headers", PROBE_PARAMETER})
 _NUMPY = {bool: np.bool_, int: np.int64, float: np.float64, Probability: np.float64, str: object}
 
 
@@ -74,8 +74,8 @@ class Parameters(Declared):
         unknown = sorted(k for k in sent if k not in known and k not in TRITON_PARAMETERS)
         if unknown:
             accepts = ", ".join(f.describe() for f in cls._fields) or "none of its own"
-            raise ParameterError(f"unknown request parameter {unknown[0]!r}: {flow} accepts {accepts} (and Triton's own, "
-                                 "e.g. timeout)")
+            raise ParameterError(f"unknown request parameter {unknown[0]!r}: {flow} accepts {accepts} (and Triton's "
+                                 "own, e.g. timeout)")
         return {f.name: f.from_request(sent[f.name]) if f.name in sent else f.default for f in cls._fields}
 
 
@@ -98,7 +98,8 @@ class RowParameters:
             from ..errors import FlowError
 
             raise FlowError(f"batch.params.{name}: the flow declares no request parameter {name!r} (declared: "
-                            f"{', '.join(self._declared.names()) or 'none'}); declare it in a Parameters class in flow.py")
+                            f"{', '.join(self._declared.names()) or 'none'}); declare it in a Parameters class in "
+                            "flow.py")
         if name not in self._cache:
             per_request = [v[name] if v is not None else field.default for v in self._values]
             self._cache[name] = np.array([per_request[r] for r in self._owners], dtype=_NUMPY[field.type]).reshape(-1)

@@ -94,7 +94,8 @@ def _runtime_settings(params: dict[str, str]) -> RuntimeSettings:
         formats = tuple(f.upper() for f in as_names("allowed_formats", params["allowed_formats"], "JPEG,PNG"))
         bad = sorted(set(formats) - set(DEFAULT_FORMATS))
         if bad:
-            raise ConfigError(f"parameter allowed_formats: {', '.join(bad)} not supported; choose from {', '.join(DEFAULT_FORMATS)}")
+            raise ConfigError(f"parameter allowed_formats: {', '.join(bad)} not supported; choose from "
+                              f"{', '.join(DEFAULT_FORMATS)}")
 
     def get(key: str, parse, default):
         return parse(key, params[key]) if key in params else default
@@ -193,7 +194,8 @@ class Settings(Declared):
     def role_of(self, candidates: tuple[str, ...]) -> str | None:
         """The name of the Candidates setting holding exactly these models (the role a failure
         names in the metrics), or None."""
-        return next((f.name for f in self._fields if f.type is Candidates and getattr(self, f.name) == tuple(candidates)), None)
+        return next((f.name for f in self._fields if f.type is Candidates
+                     and getattr(self, f.name) == tuple(candidates)), None)
 
     def candidate_lists(self) -> tuple[Candidates, ...]:
         """The Candidates settings that are on, in declaration order: each a preference order."""
@@ -208,7 +210,8 @@ class _NoSettings(Settings):
     pass
 
 
-def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None, model: str) -> tuple[RuntimeSettings, Settings]:
+def parse_settings(params: dict[str, str], flow_settings: type[Settings] | None,
+                   model: str) -> tuple[RuntimeSettings, Settings]:
     """Both kinds of settings from one model's parameters; unknown keys raise, listing the known ones."""
     flow_settings = flow_settings or _NoSettings
     known = sorted(set(RUNTIME_KEYS) | set(flow_settings.keys()))

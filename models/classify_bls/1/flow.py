@@ -18,9 +18,11 @@ from bls_pipeline.flow import Answer, Batch, Candidates, NoModelReady, Parameter
 
 
 class ClassifySettings(Settings):
-    cascade_classifiers: Optional[Candidates] = "efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"  # "none": off
+    cascade_classifiers: Optional[Candidates] = (  # "none": off
+        "efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx")
     cascade_threshold: Probability = 0.5  # cheap top-1 under this: escalated
-    classifiers: Candidates = "resnet50_trt,resnet50_torch,resnet50_openvino,resnet50_int8,resnet50_onnx"  # the main classifier
+    # the main classifier
+    classifiers: Candidates = "resnet50_trt,resnet50_torch,resnet50_openvino,resnet50_int8,resnet50_onnx"
     tta_threshold: Probability = 0.25  # main path: top-1 under this adds a mirrored pass; 0: off
 
 

@@ -17,7 +17,8 @@ class TritonPythonModel:
         bridge_logging(pb_utils)
         params = model_parameters(args)
         self.k = int(params["default_topk"])
-        self.labels = load_child(Path(args["model_repository"]).parent, params["classifier"], Path(args["model_repository"])).labels
+        repository = Path(args["model_repository"])
+        self.labels = load_child(repository.parent, params["classifier"], repository).labels
         self.input = json.loads(args["model_config"])["input"][0]["name"]
         freeze_startup_objects()
 

@@ -31,10 +31,12 @@ class TritonPythonModel:
         for r in range(len(requests)):
             if r in decoded.errors:
                 msg = f"IMAGE[{decoded.bad_index[r]}]: {decoded.errors[r]}"
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)))
+                error = pb_utils.TritonError(msg, pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
             else:
                 rows = decoded.batch[decoded.owners == r]
-                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor_from_numpy(pb_utils, self.output, rows)]))
+                tensor = tensor_from_numpy(pb_utils, self.output, rows)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
 
     def finalize(self):

@@ -10,7 +10,8 @@ import numpy as np
 
 def measure(inputs: dict) -> dict:
     gray = inputs["GRAY"][..., 0].astype(np.float32) / 255.0  # (n, 64, 64)
-    laplacian = (4 * gray[:, 1:-1, 1:-1] - gray[:, :-2, 1:-1] - gray[:, 2:, 1:-1] - gray[:, 1:-1, :-2] - gray[:, 1:-1, 2:])
+    laplacian = (4 * gray[:, 1:-1, 1:-1]
+                 - gray[:, :-2, 1:-1] - gray[:, 2:, 1:-1] - gray[:, 1:-1, :-2] - gray[:, 1:-1, 2:])
     return {
         "BRIGHTNESS": gray.mean(axis=(1, 2)).reshape(-1, 1),
         "CONTRAST": gray.std(axis=(1, 2)).reshape(-1, 1),

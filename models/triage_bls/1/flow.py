@@ -15,7 +15,8 @@ from bls_pipeline.flow import Answer, Batch, Candidates, Classify, NoModelReady,
 
 class TriageSettings(Settings):
     quality: Candidates = "image_quality"
-    first_voter: Candidates = "efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx"
+    first_voter: Candidates = (
+        "efficientnet_lite0_trt,efficientnet_lite0_openvino,efficientnet_lite0_int8,efficientnet_lite0_onnx")
     second_voter: Candidates = "resnet50_trt,resnet50_torch,resnet50_openvino,resnet50_int8,resnet50_onnx"
     min_brightness: Probability = 0.08  # mean brightness under this: too dark to classify
     min_contrast: Probability = 0.02  # pixel spread under this: one flat colour

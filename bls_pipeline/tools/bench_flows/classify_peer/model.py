@@ -45,9 +45,11 @@ class TritonPythonModel:
         responses = []
         for r in range(len(requests)):
             if r in decoded.errors:
-                error = pb_utils.TritonError(f"IMAGE[{decoded.bad_index[r]}]: {decoded.errors[r]}", pb_utils.TritonError.INVALID_ARG)
+                error = pb_utils.TritonError(f"IMAGE[{decoded.bad_index[r]}]: {decoded.errors[r]}",
+                                             pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
             else:
                 rows = best.labels[decoded.owners == r]
-                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LABELS", np.asarray(rows, dtype=object))]))
+                labels = pb_utils.Tensor("LABELS", np.asarray(rows, dtype=object))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[labels]))
         return responses

@@ -70,7 +70,8 @@ class TritonPythonModel:
         texts, counts = [], []
         for i, image in enumerate(images):
             mine = found.source == i
-            lines = [self._line(image, box, score, scales[i]) for box, score in zip(found.boxes[mine], found.scores[mine])]
+            lines = [self._line(image, box, score, scales[i])
+                     for box, score in zip(found.boxes[mine], found.scores[mine])]
             texts.append(b"\n".join(text for text in lines if text is not None))
             counts.append(int(mine.sum()))
         return texts, counts
