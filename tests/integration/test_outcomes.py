@@ -142,7 +142,7 @@ def _alerts(prometheus: str, model: str) -> dict[str, str]:
     with urllib.request.urlopen(f"http://{prometheus}/api/v1/alerts", timeout=10) as r:
         alerts = json.loads(r.read())["data"]["alerts"]
     return {a["labels"]["alertname"]: a["state"] for a in alerts
-            if a["labels"].get("model") == model and a["labels"]["alertname"] in ("BLSShedding", "BLSAvailabilityLow")}
+            if a["labels"].get("model") == model and a["labels"]["alertname"] in ("BLSOverloaded", "BLSAvailabilityLow")}
 
 
 def _seen_by_prometheus(prometheus: str, server, model: str) -> None:
@@ -253,7 +253,7 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
     assert refused["queue_cancelled"] == after["queue_cancelled"] and refused["queue_full"] == before["queue_full"]
     _seen_by_prometheus(prometheus, server, FLOW)
     assert _availability(prometheus, FLOW) < 0.99
-    assert _alerts(prometheus, FLOW) == {"BLSShedding": "pending", "BLSAvailabilityLow": "pending"}
+    assert _alerts(prometheus, FLOW) == {"BLSOverloaded": "pending", "BLSAvailabilityLow": "pending"}
 
     # ... and a burst beyond a queue with room for two.
     small = _counts(server, SMALL_QUEUE)
@@ -266,4 +266,4 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
     assert (now["queue_timeout"], now["queue_cancelled"]) == (small["queue_timeout"], small["queue_cancelled"])
     _seen_by_prometheus(prometheus, server, SMALL_QUEUE)
     assert _availability(prometheus, SMALL_QUEUE) < 0.99
-    assert _alerts(prometheus, SMALL_QUEUE).get("BLSShedding") == "pending"
+    assert _alerts(prometheus, SMALL_QUEUE).get("BLSOverloaded") == "pending"
