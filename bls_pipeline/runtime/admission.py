@@ -58,8 +58,14 @@ _EWMA = 0.2  # weight of a new measurement
 
 
 class Costs:
-    """Measured seconds per image of each stage (decode, each child's own work, a whole
-    execute()), as moving averages: what the next batch of n images is predicted to take.
+    """Measured seconds of each stage (decode, each child's own work, a whole execute()) against
+    the images it had, as moving averages: what the next batch of n images is predicted to take.
+
+    A batch costs something whatever its size (a call's round trip, an execute()'s own
+    overhead) and something per image: where the sizes measured vary, the prediction is that
+    line (a least-squares fit over the moving averages); where they do not, it is the time per
+    image. Taking a fixed cost for a per-image one would make small batches look dear, and a
+    door that refuses on it would make its batches smaller still.
 
     A measurement not renewed for over HALF_LIFE_S counts for less (halved every HALF_LIFE_S
     after that): a stage skipped because it was measured slow (an optional one under
@@ -70,26 +76,43 @@ class Costs:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._per_image: dict[str, tuple[float, float]] = {}  # stage -> (seconds per image, when measured)
+        # stage -> moving averages of (n, t, n*n, n*t) over its measurements, and when last measured
+        self._moments: dict[str, tuple[np.ndarray, float]] = {}
 
     def observe(self, stage: str, seconds: float, images: int) -> None:
         if images <= 0 or seconds < 0:
             return
-        value = seconds / images
-        old = self.per_image(stage)  # as much as it still counts
-        self._per_image[stage] = (value if old is None else old + _EWMA * (value - old), self._clock())
+        sample = np.array([images, seconds, images * images, images * seconds], dtype=np.float64)
+        old = self._aged(stage)
+        self._moments[stage] = (sample if old is None else old + _EWMA * (sample - old), self._clock())
 
     def predict(self, stage: str, images: int) -> float:
         """Seconds for `images` images at `stage`; 0 until the stage was measured once."""
-        return (self.per_image(stage) or 0.0) * images
+        moments = self._aged(stage)
+        if moments is None or images <= 0:
+            return 0.0
+        n, t, nn, nt = moments
+        per_image = t / n
+        spread = nn - n * n
+        if spread < 0.25:  # (about) one batch size measured: no fixed part to tell apart
+            return per_image * images
+        slope = min(max((nt - n * t) / spread, 0.0), t / n)  # per image; at most the whole time per image
+        return (t - slope * n) + slope * images
 
     def per_image(self, stage: str) -> float | None:
-        """The stage's seconds per image as measured, less as the measurement ages; None: never measured."""
-        found = self._per_image.get(stage)
+        """The stage's seconds per image as measured (over the sizes measured), less as the
+        measurement ages; None: never measured."""
+        moments = self._aged(stage)
+        return None if moments is None else float(moments[1] / moments[0])
+
+    def _aged(self, stage: str) -> np.ndarray | None:
+        """The stage's moving averages, its times counting less as the measurement ages."""
+        found = self._moments.get(stage)
         if found is None:
             return None
-        value, at = found
-        return value * 0.5 ** (max(0.0, self._clock() - at - self.HALF_LIFE_S) / self.HALF_LIFE_S)
+        moments, at = found
+        fade = 0.5 ** (max(0.0, self._clock() - at - self.HALF_LIFE_S) / self.HALF_LIFE_S)
+        return moments * np.array([1.0, fade, 1.0, fade])
 
 
 @dataclass(frozen=True)

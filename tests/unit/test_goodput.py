@@ -359,6 +359,24 @@ def test_costs_predict_from_what_was_measured_and_trust_an_old_measurement_less(
     assert costs.per_image("m") == pytest.approx(0.03 + 0.2 * (0.01 - 0.03))
 
 
+def test_a_batch_costs_something_whatever_its_size_and_something_per_image():
+    """An execute() of 8 images took 0.24 s and one of 2 took 0.09 s: 40 ms for any batch and
+    25 ms an image. Read as a time per image (30 and 45 ms), a batch of 2 would look dearer per
+    image than one of 8, and a door refusing on that would make its batches smaller still."""
+    clock = FakeClock()
+    costs = Costs(clock)
+    for _ in range(30):
+        costs.observe("execute", 0.24, 8)
+        costs.observe("execute", 0.09, 2)
+    assert costs.predict("execute", 8) == pytest.approx(0.24, rel=0.02)
+    assert costs.predict("execute", 4) == pytest.approx(0.14, rel=0.02)
+    assert costs.predict("execute", 2) == pytest.approx(0.09, rel=0.02)
+    steady = Costs(clock)
+    for _ in range(5):
+        steady.observe("execute", 0.24, 8)  # one size only: no fixed part to tell apart
+    assert steady.predict("execute", 4) == pytest.approx(0.12)
+
+
 class FakeClock:
     def __init__(self):
         self.now = 100.0
