@@ -18,9 +18,9 @@ and a gRPC deadline does not reach the model: the `grpc-timeout` header is not f
   most 5 ms of work, a fraction of one image's, goes to a client that has gone unseen).
 
 Before decoding and before each child call (in-process children too), the rows of requests
-that were cancelled or whose deadline passed are dropped, and a row whose time left cannot
-cover the next stage, as measured (Costs, and the child's queue as Triton measured it), is
-refused at once: 503 / UNAVAILABLE, saying why. A call is not grown past what its rows'
+that were cancelled or whose deadline passed are dropped; before a child call, a row whose
+time left cannot cover it, as measured (Costs, and the child's queue as Triton measured it),
+is refused at once: 503 / UNAVAILABLE, saying why. A call is not grown past what its rows'
 deadlines allow: the rows with the least time left are refused until the call's predicted
 time fits the rest.
 
@@ -268,7 +268,6 @@ class Admission:
         self.queues = queues or (lambda _name: None)  # Triton's measurement of a model's queue; None: not measured
         self.costs = Costs(clock)
         self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
-        self._started: float | None = None
 
     def reading(self, model: str, now: float | None = None) -> QueueReading | None:
         """Triton's latest fresh reading of `model`'s queue, or None (unmeasured, or too old to
@@ -285,7 +284,6 @@ class Admission:
         """An execute() begins: its requests' clock, and Triton's latest fresh reading of the
         flow's own queue (None: none measured)."""
         now = self.clock()
-        self._started = now
         reading = self.reading(self.model, now) if self.queued else None
         wait = reading.wait_s if reading is not None else 0.0
         return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
@@ -300,14 +298,9 @@ class Admission:
         self.slack_s = max(0.0, self.slack_s + _EWMA * left_s)
 
     def admit(self, clock: RequestClock, results: list, timings: Timings) -> None:
-        """At the door, before decoding: drop the gone and the expired, refuse what cannot
-        finish in time."""
+        """At the door, before decoding: drop the gone and the expired. What cannot finish in
+        time is refused before the stage it cannot finish (a child call), on that stage's own
+        measure: a whole execute()'s time is no measure of one request's (measured past
+        capacity, refusing on it shrank the execute()s it refused from)."""
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
-        drop(clock, results, timings, "admission", clock.clock(), images,
-             predicted=lambda n: self.costs.predict("execute", n))
-
-    def close(self, images: int) -> None:
-        """The execute() is over: what its admitted images cost."""
-        now = self.clock()
-        if self._started is not None and images:
-            self.costs.observe("execute", now - self._started, images)
+        drop(clock, results, timings, "admission", clock.clock(), images)

@@ -218,12 +218,8 @@ class FlowRuntime:
             at_door(list(results))
         run = Execution(self, requests, results, send, timings, probe=probe, clock=clock,
                         parameters=[None if isinstance(v, RequestError) else v for v in values])
-        try:
-            if run.rows:
-                self._answer(run, requests, results, timings)
-        finally:
-            if not probe:
-                self.admission.close(sum(len(req.images) for req, res in zip(requests, results) if isinstance(res, Prediction)))
+        if run.rows:
+            self._answer(run, requests, results, timings)
         if not probe:  # answers whose client has gone meanwhile: wasted work, counted apart
             now = self.clock()
             timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now) for r, res in enumerate(results))
