@@ -45,9 +45,13 @@ import numpy as np
 
 from .results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 
-__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueReading", "RequestClock", "Skipped"]
+__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "GONE_CHECK_S", "QueueReading", "RequestClock", "Skipped"]
 
 CANCEL_CHECK_S = 0.005  # a request's client is asked about again only after this long (each ask ~0.1 ms)
+# An answer is asked whether its client is still there (bls_requests_total GONE) only for a
+# request in the server this long: a client rarely gives up sooner, and the ask costs a round
+# trip on every answer.
+GONE_CHECK_S = 0.05
 # A reading of Triton's queue older than this says nothing of the queue now (bls-serve writes
 # one every POLL_S: it stopped, the model is new, or nothing left its queue for that long).
 STALE_S = 1.0
@@ -140,6 +144,7 @@ class RequestClock:
     clock: Callable[[], float]
     aims: np.ndarray = field(init=False)
     checked: np.ndarray = field(init=False)
+    arrived: float = field(init=False)  # when they entered the queue, as measured (the execute()'s start less the wait)
 
     late_cancel: Callable[[float], None] | None = None  # told how much time a cancelled request still seemed to have
 
@@ -155,6 +160,7 @@ class RequestClock:
         deadlines = np.array([arrived + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
                               for r in requests], dtype=np.float64)
         made = cls(requests, deadlines, clock, late_cancel=late_cancel)
+        made.arrived = arrived
         aim = arrived + target_s - RESPONSE_S if target_s > 0 else math.inf
         made.aims = np.where(np.isfinite(deadlines), deadlines, aim)
         # queued: as good as asked now (Triton drops a request cancelled while it waited in its

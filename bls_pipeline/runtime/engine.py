@@ -25,7 +25,7 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .admission import Admission, QueueReading, RequestClock
+from .admission import GONE_CHECK_S, Admission, QueueReading, RequestClock
 from .answer import Answer
 from .batch import Batch
 from .calls import Send
@@ -220,8 +220,8 @@ class FlowRuntime:
                         parameters=[None if isinstance(v, RequestError) else v for v in values])
         if run.rows:
             self._answer(run, requests, results, timings)
-        if not probe:  # answers whose client has gone meanwhile: wasted work, counted apart
-            now = self.clock()
+        now = self.clock()
+        if not probe and now - clock.arrived >= GONE_CHECK_S:  # answers whose client has gone meanwhile: wasted work
             timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now) for r, res in enumerate(results))
         if self.shadow is not None:
             timings.trials = self.shadow.drain()
