@@ -146,20 +146,18 @@ class RequestClock:
     checked: np.ndarray = field(init=False)
     arrived: float = field(init=False)  # when they entered the queue, as measured (the execute()'s start less the wait)
 
-    late_cancel: Callable[[float], None] | None = None  # told how much time a cancelled request still seemed to have
 
     @classmethod
     def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float],
-              slack: float = 0.0, late_cancel: Callable[[float], None] | None = None,
               queued: bool = False, target_s: float = 0.0) -> "RequestClock":
         """Each deadline counted from when the request entered the queue, as Triton measured the
-        queue's wait (`wait`; 0 where nobody measured it), less `slack` (how much later than the
-        client's own the runtime's estimates have turned out) and the answer's way back
-        (RESPONSE_S). A request without one aims at `target_s` after its arrival (0: none)."""
+        queue's wait (`wait`; 0 where nobody measured it), less the answer's way back
+        (RESPONSE_S). A request without one aims at `target_s` after its arrival (0: none). A
+        client that gives up sooner than its deadline says is seen as gone (cancelled)."""
         arrived = now - wait
-        deadlines = np.array([arrived + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
+        deadlines = np.array([arrived + r.timeout_s - RESPONSE_S if r.timeout_s is not None else math.inf
                               for r in requests], dtype=np.float64)
-        made = cls(requests, deadlines, clock, late_cancel=late_cancel)
+        made = cls(requests, deadlines, clock)
         made.arrived = arrived
         aim = arrived + target_s - RESPONSE_S if target_s > 0 else math.inf
         made.aims = np.where(np.isfinite(deadlines), deadlines, aim)
@@ -210,8 +208,6 @@ def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: 
         if results[r] is not None:
             continue
         if clock.cancelled(r, now):
-            if clock.late_cancel is not None and math.isfinite(left[r]):
-                clock.late_cancel(left[r])  # its client gave up with this much of our estimate left
             _fail(results, timings, r, images(r), stage, "cancelled", CANCELLED,
                   "the client cancelled the request (or its gRPC deadline passed)")
         elif left[r] <= 0:
@@ -273,7 +269,6 @@ class Admission:
         self.model = model
         self.queues = queues or (lambda _name: None)  # Triton's measurement of a model's queue; None: not measured
         self.costs = Costs(clock)
-        self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
 
     def reading(self, model: str, now: float | None = None) -> QueueReading | None:
         """Triton's latest fresh reading of `model`'s queue, or None (unmeasured, or too old to
@@ -292,16 +287,8 @@ class Admission:
         now = self.clock()
         reading = self.reading(self.model, now) if self.queued else None
         wait = reading.wait_s if reading is not None else 0.0
-        return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
+        return RequestClock.start(requests, now, wait, self.clock,
                                   queued=self.queued, target_s=self.target_s), reading
-
-    def _late_cancel(self, left_s: float) -> None:
-        """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC
-        client's deadline cancels the call): later estimates are made that much earlier, as a
-        moving average of what these show (never below 0)."""
-        # left_s was counted with the current slack taken off already: the slack it shows is
-        # slack + left_s, and the average moves a fifth of the way there.
-        self.slack_s = max(0.0, self.slack_s + _EWMA * left_s)
 
     def admit(self, clock: RequestClock, results: list, timings: Timings) -> None:
         """At the door, before decoding: drop the gone and the expired. What cannot finish in
