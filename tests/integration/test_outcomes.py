@@ -245,14 +245,14 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
 
     seen = [s for outcomes in _together(6, impatient) for s in outcomes]
     assert seen and set(seen) == {"StatusCode.DEADLINE_EXCEEDED"}, seen
-    # Triton drops a cancelled request when the instance frees up: settled once both counts agree.
+    # Triton drops a cancelled request only when it next takes requests from the queue: first
+    # every request of the run has left the queue, then both counts have caught up with that
+    # (they can agree on the way, with cancelled requests still queued).
+    eventually(lambda: _pending(server, FLOW) == 0, "the flow's queue empty", timeout_s=30.0)
     after = eventually(lambda: (lambda c: c if c["queue_cancelled"] > before["queue_cancelled"]
                                 and c["queue_cancelled"] - before["queue_cancelled"]
                                 == c["triton_canceled"] - before["triton_canceled"] else None)(_counts(server, FLOW)),
                        "the cancellations counted, as many as Triton's CANCELED", timeout_s=30.0)
-    # Nothing left in the flow's queue: every request of the run has left it, counted.
-    eventually(lambda: _pending(server, FLOW) == 0, "the flow's queue empty", timeout_s=30.0)
-    after = _counts(server, FLOW)
     print(f"\n{len(seen)} impatient requests: {after['queue_cancelled'] - before['queue_cancelled']:.0f} dropped in "
           f"Triton's queue (its CANCELED: {after['triton_canceled'] - before['triton_canceled']:.0f}), refused "
           f"{after['refused'] - before['refused']:.0f}")
