@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Unit, integration (real tritonserver) and GPU tests (skipped with the reason here).
-#   ./scripts/test.sh            everything (CI runs this), in BLS_TEST_WORKERS (default 3)
-#                                pytest-xdist workers, each test file whole on one worker
+#   ./scripts/test.sh            everything but the timing tier (CI runs this), in
+#                                BLS_TEST_WORKERS (default 3) pytest-xdist workers, each test
+#                                file whole on one worker
 #   ./scripts/test.sh --quick    the contributor's loop: the unit tests and one served smoke test
+#   ./scripts/test.sh --timing   the timing tier (tests marked `timing`: stop and recovery times,
+#                                soak growth, alerts while an overload lasts, a busy machine made
+#                                on purpose), one at a time, each printing its figures: run it
+#                                on a quiet machine
 # Other arguments go to pytest (BLS_TEST_WORKERS=0: one process, unit tests first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +16,10 @@ scripts/setup.sh
 # off: the run starts hundreds of Python processes (stubs, command lines) that import this
 # checkout's modules, and each would compile them anew.
 unset PYTHONDONTWRITEBYTECODE
+if [ "${1:-}" = "--timing" ]; then
+  shift
+  exec .venv/bin/python -m pytest -m timing -s "$@"
+fi
 if [ "${1:-}" = "--quick" ]; then
   shift
   export BLS_TEST_QUICK=1  # test_smoke.py serves a repository of its own, EfficientNet-Lite0 alone

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..stages.preprocess import PreprocessSpec, renormalize
 from . import hooks
-from .admit.admission import Admission, QueueReading, RequestClock
+from .admit.admission import GONE_CHECK_S, Admission, QueueReading, RequestClock
 from .answer.answer import Answer
 from .call.batch import Batch
 from .call.calls import Send
@@ -227,15 +227,10 @@ class FlowRuntime:
             at_door(list(results))
         run = Execution.start(self, requests, results, send, timings, probe=probe, clock=clock,
                               parameters=[None if isinstance(v, RequestError) else v for v in values])
-        try:
-            if run.rows:
-                self._answer(run, requests, results, timings)
-        finally:
-            if not probe:
-                self.admission.close(sum(len(req.images) for req, res in zip(requests, results)
-                                         if isinstance(res, Prediction)))
-        if not probe:  # answers whose client has gone meanwhile: wasted work, counted apart
-            now = self.clock()
+        if run.rows:
+            self._answer(run, requests, results, timings)
+        now = self.clock()
+        if not probe and now - clock.arrived >= GONE_CHECK_S:  # answers whose client has gone meanwhile: wasted work
             timings.answered_gone = sum(isinstance(res, Prediction) and clock.cancelled(r, now)
                                         for r, res in enumerate(results))
         if self.shadow is not None:

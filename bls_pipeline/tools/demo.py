@@ -108,13 +108,13 @@ def ensure_engines(repo: Path, excluded: dict[str, str], say=print) -> dict[str,
 
 def serving(repo: Path, loaded: list[str], flow: str = "classify_bls") -> dict[str, str]:
     """{setting: the model it will call}: the first loaded model of each candidate list of the
-    flow's config.pbtxt (the runtime calls the first READY one)."""
-    from ..base.modelconfig import parse_config, string_parameters
+    flow's settings, as it loads them (the runtime calls the first READY one)."""
+    from ..runtime.load.loader import flow_settings
 
-    params = string_parameters(parse_config(repo / flow))
+    settings = flow_settings(repo / flow)[1]
     picked = {}
     for key in ("cascade_classifiers", "classifiers"):
-        first = next((m for m in params.get(key, "").split(",") if m in loaded), None)
+        first = next((m for m in getattr(settings, key, None) or () if m in loaded), None)
         if first is not None:
             picked[key] = first
     return picked

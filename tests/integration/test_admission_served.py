@@ -5,6 +5,7 @@ measured queue waits).
 
 - Clients that wait for their answers are never refused: a closed loop of 16, heavy images
   among them, on a busy machine.
+- Arrivals below capacity (Poisson, at 0.8x of a capacity measured first) are never refused.
 - Past the cascade's capacity the unsure images are answered by the cheap model, saying so,
   rather than refused or answered late.
 """
@@ -35,6 +36,16 @@ MODEL = "classify_bls"
 @pytest.fixture(scope="module")
 def shipped(model_repo, tmp_path_factory, server_factory):
     server = server_factory(model_repo, tmp_path_factory.mktemp("admission-logs"), models=(MODEL,))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def main_job(model_repo, tmp_path_factory, server_factory):
+    """classify_bls as the main job serves it here: no resnet50 (its weights cannot be had), so
+    the unsure images are answered by efficientnet alone (ROUTE ...:degraded)."""
+    server = server_factory(model_repo, tmp_path_factory.mktemp("admission-main-logs"), models=(MODEL,),
+                            exclude={"resnet50_onnx": "as the main job serves classify_bls without resnet50's weights"})
     yield server
     server.stop()
 
@@ -98,6 +109,24 @@ def test_a_closed_loop_of_16_with_heavy_images_on_a_busy_machine_is_never_refuse
     print(f"closed loop of 16 with heavy images beside two busy processes: {len(outcomes)} requests, {len(failed)} "
           "failed")
     assert outcomes and not failed, failed[:5]
+
+
+@pytest.mark.timing
+def test_poisson_arrivals_at_eight_tenths_of_capacity_are_never_refused(main_job, sample_images):
+    """classify_bls as the main job serves it: its capacity measured with 8 closed-loop clients,
+    then 20 s of Poisson arrivals at 0.8x of it, each request with a 2 s gRPC deadline. Bursts
+    of a Poisson process queue up for a moment; the queue holds them, and none is refused."""
+    from bls_pipeline.tools import openloop
+
+    (result,) = openloop.run_target(main_job.url("grpc"), "grpc", MODEL, MODEL, list(sample_images.values()),
+                                    output=LABELS.name, loads=(0.8,), is_flow=True, metrics_url=main_job.metrics_url,
+                                    deadline_s=2.0, duration_s=20.0, warmup_s=3.0, capacity_s=8.0)
+    print(f"Poisson arrivals at 0.8x of {result.capacity_per_s:.0f} requests/s: {result.sent} sent, {result.answered} "
+          f"answered in time (p50 {result.answer_p50_ms:.0f} ms, p99 {result.answer_p99_ms:.0f} ms), "
+          f"{result.refused} refused, "
+          f"{result.deadlines_passed} past their deadline; sent late: {result.late_sends}")
+    assert result.sent > 0 and result.errors == 0, result.error_samples
+    assert result.refused == 0, result.refused_by
 
 
 async def _spike(url: str, image: bytes, clients: int, seconds: float, deadline_s: float) -> list[tuple[str, str, str]]:

@@ -121,6 +121,7 @@ SERVING = r"^Ctrl-C to stop\.$"
 
 # ---- a python stub killed under load, then SIGTERM -----------------------------------------------
 
+@pytest.mark.timing
 def test_sigterm_after_a_stub_killed_under_load_stops_within_5_s_and_leaves_nothing(model_repo, sample_images):
     """resnet50_onnx's stub killed under HTTP and gRPC clients of the failover flow: nothing is
     lost (the flow retries the child call), the watchdog reloads it, and SIGTERM then stops

@@ -19,6 +19,8 @@ from bls_pipeline.base.modelconfig import config_variant
 from bls_pipeline.serve.client import ClassifyClient
 from bls_pipeline.tools.footprint import measure
 
+from polling import eventually
+
 pytestmark = pytest.mark.integration
 
 FLOW, CHILD = "classify_bls", "efficientnet_lite0_onnx"
@@ -82,17 +84,29 @@ def test_the_flow_runs_its_classifier_in_process_and_says_so_everywhere(repo, se
         while srv.admin.states().get(CHILD) in ("READY", "UNLOADING"):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(1.5)  # route_recheck_s: the flow looks again
-        client = ClassifyClient(srv.http_url, "http", model=FLOW)
-        try:
-            with pytest.raises(InferenceServerException, match=rf"{CHILD}") as refused:
-                client.classify(images[:1])
-        finally:  # the exception's traceback holds the client: an open connection holds tritonserver's exit
-            client.close()
-        assert refused.value.status() == "503"
+        # The flow looks again within route_recheck_s: its requests are refused from then on.
+        refused = eventually(lambda: _outcome(srv, images[:1]), "a request refused with the classifier gone",
+                             timeout_s=10)
+        assert isinstance(refused, InferenceServerException) and CHILD in refused.message(), refused
+        assert refused.status() == "503"
         srv.load_model(CHILD)
-        time.sleep(1.5)
-        out = ClassifyClient(srv.http_url, "http", model=FLOW).classify(images[:1], topk=5)
+        out = eventually(lambda: (lambda o: o if isinstance(o, dict) else None)(_outcome(srv, images[:1],
+                                                                                         expect_error=False)),
+                         "an answer with the classifier back", timeout_s=10)
         np.testing.assert_array_equal(out["CLASS_IDS"], expected.class_ids[:1])
     finally:
         srv.stop()
+
+
+def _outcome(srv, images, expect_error: bool = True):
+    """One request to the flow: its outputs, or the InferenceServerException it failed with;
+    None while it is not yet what the caller waits for (an answer while an error is awaited,
+    or the other way round)."""
+    client = ClassifyClient(srv.http_url, "http", model=FLOW)
+    try:
+        out = client.classify(images, topk=5)
+    except InferenceServerException as exc:
+        return exc if expect_error else None
+    finally:  # an exception's traceback holds the client: an open connection holds tritonserver's exit
+        client.close()
+    return None if expect_error else out

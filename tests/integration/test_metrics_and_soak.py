@@ -114,6 +114,7 @@ def _processes(server) -> dict[int, str]:
     return {server.pid: "tritonserver", **stubs(server.pid).live}
 
 
+@pytest.mark.timing
 def test_soak_mixed_traffic_loses_nothing(server, sample_images, soak_seconds):
     """16 clients (8 HTTP, 8 gRPC), every 5th request bad, for --soak-seconds, on the session's
     server: every process of it is watched, the ones this traffic does not reach included."""

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +166,8 @@ def test_readiness_of_models_the_failed_load_does_not_touch_stays(broken_repo, t
             server.load_model(BAD)
         server.unload_model(BAD)
         assert get(f"http://{server.http_url}/v2/health/ready")[0] == 400
-        time.sleep(1.5)  # three watchdog rounds
+        rounds = server.watchdog.rounds
+        eventually(lambda: server.watchdog.rounds >= rounds + 3, what="three more watchdog rounds")
         assert get(ready) == (200, f"ready: {GOOD_FLOW}\n")
     finally:
         server.stop()
@@ -202,15 +202,17 @@ def _histogram_count(server, model: str) -> float:
 
 def test_the_latency_histogram_counts_users_requests_and_not_the_probes(kept, sample_images):
     before = _histogram_count(kept, GOOD_FLOW)
-    time.sleep(1.5)  # the watchdog probes GOOD_FLOW every 0.5 s meanwhile
+    rounds = kept.watchdog.rounds
+    eventually(lambda: kept.watchdog.rounds >= rounds + 2, what="two watchdog rounds, each probing GOOD_FLOW")
     client = ClassifyClient(kept.grpc_url, "grpc", model=GOOD_FLOW)
     for i in range(5):
         client.classify([sample_images["mug"]])
     client.close()
     assert _infer(kept, "http", GOOD_FLOW, b"not an image") is not None  # failed: counted too
     eventually(lambda: _histogram_count(kept, GOOD_FLOW) - before == 6, what="6 requests in the histogram")
-    time.sleep(1.0)
-    assert _histogram_count(kept, GOOD_FLOW) - before == 6
+    rounds = kept.watchdog.rounds
+    eventually(lambda: kept.watchdog.rounds >= rounds + 2, what="two more watchdog rounds")
+    assert _histogram_count(kept, GOOD_FLOW) - before == 6  # the probes meanwhile are not counted
     text = get(f"{kept.status_url}/metrics")[1]
     assert "# TYPE bls_request_duration_seconds histogram" in text
     assert re.search(rf'^bls_request_duration_seconds_bucket\{{model="{GOOD_FLOW}",le="\+Inf"\}} ', text, re.M)

@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,8 @@ def _alerts(prometheus: str, model: str) -> dict[str, str]:
     with urllib.request.urlopen(f"http://{prometheus}/api/v1/alerts", timeout=10) as r:
         alerts = json.loads(r.read())["data"]["alerts"]
     return {a["labels"]["alertname"]: a["state"] for a in alerts
-            if a["labels"].get("model") == model and a["labels"]["alertname"] in ("BLSShedding", "BLSAvailabilityLow")}
+            if a["labels"].get("model") == model
+            and a["labels"]["alertname"] in ("BLSOverloaded", "BLSAvailabilityLow")}
 
 
 def _seen_by_prometheus(prometheus: str, server, model: str) -> None:
@@ -162,7 +164,28 @@ def _seen_by_prometheus(prometheus: str, server, model: str) -> None:
         return True
 
     eventually(scraped, f"Prometheus scraping {model}'s counts", timeout_s=60.0, every_s=0.5)
-    time.sleep(3)  # a few evaluations of the rules over them
+    seen_at = time.time()
+    # Then every rule group evaluated twice over them (a `for` of 0 s shows pending after one).
+    eventually(lambda: _evaluated_since(prometheus, seen_at, times=2), "the rules evaluated over those counts",
+               timeout_s=30.0, every_s=0.25)
+
+
+def _evaluated_since(prometheus: str, since: float, times: int) -> bool:
+    """Whether every rule group's last evaluation began `times` intervals or more after `since`."""
+    with urllib.request.urlopen(f"http://{prometheus}/api/v1/rules", timeout=10) as r:
+        groups = json.loads(r.read())["data"]["groups"]
+    for group in groups:
+        last = datetime.fromisoformat(group["lastEvaluation"].replace("Z", "+00:00")).timestamp()
+        if last < since + (times - 1) * float(group["interval"]):
+            return False
+    return bool(groups)
+
+
+def _pending(server, model: str) -> float:
+    """Triton's count of the model's requests waiting in its queue now."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    found = re.findall(rf'^nv_inference_pending_request_count{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
+    return sum(float(v) for v in found)
 
 
 def _availability(prometheus: str, model: str) -> float | None:
@@ -227,13 +250,14 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
 
     seen = [s for outcomes in _together(6, impatient) for s in outcomes]
     assert seen and set(seen) == {"StatusCode.DEADLINE_EXCEEDED"}, seen
-    # Triton drops a cancelled request when the instance frees up: settled once both counts agree.
+    # Triton drops a cancelled request only when it next takes requests from the queue: first
+    # every request of the run has left the queue, then both counts have caught up with that
+    # (they can agree on the way, with cancelled requests still queued).
+    eventually(lambda: _pending(server, FLOW) == 0, "the flow's queue empty", timeout_s=30.0)
     after = eventually(lambda: (lambda c: c if c["queue_cancelled"] > before["queue_cancelled"]
                                 and c["queue_cancelled"] - before["queue_cancelled"]
                                 == c["triton_canceled"] - before["triton_canceled"] else None)(_counts(server, FLOW)),
                        "the cancellations counted, as many as Triton's CANCELED", timeout_s=30.0)
-    time.sleep(2.5)  # the last execute() done
-    after = _counts(server, FLOW)
     print(f"\n{len(seen)} impatient requests: {after['queue_cancelled'] - before['queue_cancelled']:.0f} dropped in "
           f"Triton's queue (its CANCELED: {after['triton_canceled'] - before['triton_canceled']:.0f}), refused "
           f"{after['refused'] - before['refused']:.0f}")
@@ -258,7 +282,7 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
     assert refused["queue_cancelled"] == after["queue_cancelled"] and refused["queue_full"] == before["queue_full"]
     _seen_by_prometheus(prometheus, server, FLOW)
     assert _availability(prometheus, FLOW) < 0.99
-    assert _alerts(prometheus, FLOW) == {"BLSShedding": "pending", "BLSAvailabilityLow": "pending"}
+    assert _alerts(prometheus, FLOW) == {"BLSOverloaded": "pending", "BLSAvailabilityLow": "pending"}
 
     # ... and a burst beyond a queue with room for two.
     small = _counts(server, SMALL_QUEUE)
@@ -271,4 +295,4 @@ def test_impatient_clients_are_not_refusals_and_real_refusals_still_count(watche
     assert (now["queue_timeout"], now["queue_cancelled"]) == (small["queue_timeout"], small["queue_cancelled"])
     _seen_by_prometheus(prometheus, server, SMALL_QUEUE)
     assert _availability(prometheus, SMALL_QUEUE) < 0.99
-    assert _alerts(prometheus, SMALL_QUEUE).get("BLSShedding") == "pending"
+    assert _alerts(prometheus, SMALL_QUEUE).get("BLSOverloaded") == "pending"

@@ -223,6 +223,7 @@ OVERLOAD_CLIENTS, OVERLOAD_S = 256, 10.0
 HANG_BOUND_S = 60.0
 
 
+@pytest.mark.timing
 def test_overload_answers_or_refuses_each_request_fast_and_memory_stays_bounded(reliable_server):
     srv = reliable_server
     before = sum(f.private_mib for f in measure(srv))

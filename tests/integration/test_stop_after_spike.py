@@ -1,10 +1,10 @@
 """bls-serve stops in seconds after a spike of gRPC clients whose deadlines pass (issue 42,
 part 6; docs/reliability.md, "Stopping bls-serve"): ten times, each a fresh bls-serve serving
 classify_bls, a 2 s spike of 48 async gRPC clients with 0.15 to 0.45 s deadlines, then
-SIGTERM. Each stop takes 5 s at most (1 s more allowed on the suite's shared machine:
-BUSY_SLACK_S) and exits 0, whether Triton 2.51 kept a model from unloading with nothing in
-flight (bls-serve then says so, gives tritonserver 1 s after its SIGTERM, and kills it) or
-not; the counts are printed."""
+SIGTERM. Each stop takes 5 s at most and exits 0, whether Triton 2.51 kept a model from
+unloading with nothing in flight (bls-serve then says so, gives tritonserver 1 s after its
+SIGTERM, and kills it) or not; the counts are printed. A timing test: run apart, on a quiet
+machine (./scripts/test.sh --timing)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,9 @@ from bls_pipeline.serve.options import free_port
 
 from polling import eventually
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]  # stop times: run apart, on a quiet machine
 
 STOPS, SPIKE_S, CLIENTS, DEADLINE_S, STOP_LIMIT_S = 10, 2.0, 48, 0.15, 5.0
-# The test's own slack: the suite runs three workers on two cores, and under them one stop of
-# ten took 5.0 s (a fresh clone's CI run; the others 2.9 to 4.5 s). Alone, the longest of ten
-# was 4.4 s. The count within STOP_LIMIT_S is printed either way.
-BUSY_SLACK_S = 1.0
 
 
 async def _spike(url: str, payload: bytes) -> dict[str, int]:
@@ -101,4 +97,4 @@ def test_ten_stops_after_grpc_spikes_each_take_seconds_and_exit_0(model_repo, re
           f"{sum(1 for t, c, *_ in stops if t <= STOP_LIMIT_S and c == 0)} within {STOP_LIMIT_S:.0f} s with exit 0, "
           f"{held} with a model Triton kept from unloading with nothing in flight")
     assert all(seen["not answered"] for *_, seen in stops), stops  # each spike had calls cancelled at their deadline
-    assert [(round(t, 1), c) for t, c, *_ in stops if t > STOP_LIMIT_S + BUSY_SLACK_S or c != 0] == [], stops
+    assert [(round(t, 1), c) for t, c, *_ in stops if t > STOP_LIMIT_S or c != 0] == [], stops

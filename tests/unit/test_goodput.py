@@ -367,6 +367,24 @@ def test_costs_predict_from_what_was_measured_and_trust_an_old_measurement_less(
     assert costs.per_image("m") == pytest.approx(0.03 + 0.2 * (0.01 - 0.03))
 
 
+def test_a_batch_costs_something_whatever_its_size_and_something_per_image():
+    """An execute() of 8 images took 0.24 s and one of 2 took 0.09 s: 40 ms for any batch and
+    25 ms an image. Read as a time per image (30 and 45 ms), a batch of 2 would look dearer per
+    image than one of 8, and a door refusing on that would make its batches smaller still."""
+    clock = FakeClock()
+    costs = Costs(clock)
+    for _ in range(30):
+        costs.observe("execute", 0.24, 8)
+        costs.observe("execute", 0.09, 2)
+    assert costs.predict("execute", 8) == pytest.approx(0.24, rel=0.02)
+    assert costs.predict("execute", 4) == pytest.approx(0.14, rel=0.02)
+    assert costs.predict("execute", 2) == pytest.approx(0.09, rel=0.02)
+    steady = Costs(clock)
+    for _ in range(5):
+        steady.observe("execute", 0.24, 8)  # one size only: no fixed part to tell apart
+    assert steady.predict("execute", 4) == pytest.approx(0.12)
+
+
 class FakeClock:
     def __init__(self):
         self.now = 100.0
@@ -399,7 +417,11 @@ def test_a_deadline_counts_from_arrival_as_triton_measured_the_wait():
     assert req_clock.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01)  # no wait known: none counted
 
 
-def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earlier():
+def test_a_client_gone_before_its_estimated_deadline_is_dropped_and_moves_no_later_deadline():
+    """A gRPC client whose deadline passed (its call cancelled) while the runtime's estimate still
+    gave it time is seen as gone, and dropped. Later requests' deadlines stay as their clients
+    sent them: the clients seen gone are those that waited longest, and learning from them made
+    every later deadline earlier until the door refused everything."""
     clock = FakeClock()
     door = Admission(queued=False, target_s=0.0, clock=clock)
     from bls_pipeline.runtime.admit.admission import drop
@@ -408,11 +430,11 @@ def test_a_client_gone_before_its_estimated_deadline_makes_later_deadlines_earli
     gone = ImageRequest([photo()], timeout_s=1.0, cancelled=lambda: True)
     req_clock, _ = door.open([gone])
     results = [None]
-    clock.now += 0.5  # cancelled with 0.49 s (less the response's 10 ms) of the estimate left
+    clock.now += 0.5  # cancelled with half of its deadline left, as estimated
     drop(req_clock, results, Timings(), "m", clock.now, lambda r: 1)
-    assert results[0].code == CANCELLED and door.slack_s == pytest.approx(0.2 * 0.49)
+    assert results[0].code == CANCELLED
     later, _ = door.open([ImageRequest([photo()], timeout_s=1.0)])
-    assert later.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01 - door.slack_s)
+    assert later.time_left(clock.now)[0] == pytest.approx(1.0 - 0.01)
 
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bls_pipeline.serve.in_flight import (IDLE_TICKS, HeldStubs, QuietWatch, Snapshot, answered_counts, pending_count,
                                           quiet, stub_cpu_ticks)
 from bls_pipeline.serve.processes import Stubs, destruction_began, model_of
@@ -102,6 +104,7 @@ def test_a_stub_exiting_says_nothing_where_two_copies_of_a_model_run():
     assert not destruction_began("image_quality", before, Stubs(live={}, dead=frozenset()))  # no stub of it known
 
 
+@pytest.mark.timing
 def test_a_held_model_whose_stub_exits_or_computes_was_only_slow():
     """After tritonserver's SIGTERM: a stub that stays asleep keeps its model held; one that
     exits, or computes, shows its model was being destroyed (in_flight.HeldStubs)."""

@@ -18,9 +18,9 @@ and a gRPC deadline does not reach the model: the `grpc-timeout` header is not f
   most 5 ms of work, a fraction of one image's, goes to a client that has gone unseen).
 
 Before decoding and before each child call (in-process children too), the rows of requests
-that were cancelled or whose deadline passed are dropped, and a row whose time left cannot
-cover the next stage, as measured (Costs, and the child's queue as Triton measured it), is
-refused at once: 503 / UNAVAILABLE, saying why. A call is not grown past what its rows'
+that were cancelled or whose deadline passed are dropped; before a child call, a row whose
+time left cannot cover it, as measured (Costs, and the child's queue as Triton measured it),
+is refused at once: 503 / UNAVAILABLE, saying why. A call is not grown past what its rows'
 deadlines allow: the rows with the least time left are refused until the call's predicted
 time fits the rest.
 
@@ -45,9 +45,13 @@ import numpy as np
 
 from ..results import CANCELLED, UNAVAILABLE, ImageRequest, RequestError, Timings
 
-__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "QueueReading", "RequestClock", "Skipped"]
+__all__ = ["Admission", "CANCEL_CHECK_S", "Costs", "GONE_CHECK_S", "QueueReading", "RequestClock", "Skipped"]
 
 CANCEL_CHECK_S = 0.005  # a request's client is asked about again only after this long (each ask ~0.1 ms)
+# An answer is asked whether its client is still there (bls_requests_total GONE) only for a
+# request in the server this long: a client rarely gives up sooner, and the ask costs a round
+# trip on every answer.
+GONE_CHECK_S = 0.05
 # A reading of Triton's queue older than this says nothing of the queue now (bls-serve writes
 # one every POLL_S: it stopped, the model is new, or nothing left its queue for that long).
 STALE_S = 1.0
@@ -58,8 +62,14 @@ _EWMA = 0.2  # weight of a new measurement
 
 
 class Costs:
-    """Measured seconds per image of each stage (decode, each child's own work, a whole
-    execute()), as moving averages: what the next batch of n images is predicted to take.
+    """Measured seconds of each stage (decode, each child's own work, a whole execute()) against
+    the images it had, as moving averages: what the next batch of n images is predicted to take.
+
+    A batch costs something whatever its size (a call's round trip, an execute()'s own
+    overhead) and something per image: where the sizes measured vary, the prediction is that
+    line (a least-squares fit over the moving averages); where they do not, it is the time per
+    image. Taking a fixed cost for a per-image one would make small batches look dear, and a
+    door that refuses on it would make its batches smaller still.
 
     A measurement not renewed for over HALF_LIFE_S counts for less (halved every HALF_LIFE_S
     after that): a stage skipped because it was measured slow (an optional one under
@@ -70,26 +80,43 @@ class Costs:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._per_image: dict[str, tuple[float, float]] = {}  # stage -> (seconds per image, when measured)
+        # stage -> moving averages of (n, t, n*n, n*t) over its measurements, and when last measured
+        self._moments: dict[str, tuple[np.ndarray, float]] = {}
 
     def observe(self, stage: str, seconds: float, images: int) -> None:
         if images <= 0 or seconds < 0:
             return
-        value = seconds / images
-        old = self.per_image(stage)  # as much as it still counts
-        self._per_image[stage] = (value if old is None else old + _EWMA * (value - old), self._clock())
+        sample = np.array([images, seconds, images * images, images * seconds], dtype=np.float64)
+        old = self._aged(stage)
+        self._moments[stage] = (sample if old is None else old + _EWMA * (sample - old), self._clock())
 
     def predict(self, stage: str, images: int) -> float:
         """Seconds for `images` images at `stage`; 0 until the stage was measured once."""
-        return (self.per_image(stage) or 0.0) * images
+        moments = self._aged(stage)
+        if moments is None or images <= 0:
+            return 0.0
+        n, t, nn, nt = moments
+        per_image = t / n
+        spread = nn - n * n
+        if spread < 0.25:  # (about) one batch size measured: no fixed part to tell apart
+            return per_image * images
+        slope = min(max((nt - n * t) / spread, 0.0), t / n)  # per image; at most the whole time per image
+        return (t - slope * n) + slope * images
 
     def per_image(self, stage: str) -> float | None:
-        """The stage's seconds per image as measured, less as the measurement ages; None: never measured."""
-        found = self._per_image.get(stage)
+        """The stage's seconds per image as measured (over the sizes measured), less as the
+        measurement ages; None: never measured."""
+        moments = self._aged(stage)
+        return None if moments is None else float(moments[1] / moments[0])
+
+    def _aged(self, stage: str) -> np.ndarray | None:
+        """The stage's moving averages, its times counting less as the measurement ages."""
+        found = self._moments.get(stage)
         if found is None:
             return None
-        value, at = found
-        return value * 0.5 ** (max(0.0, self._clock() - at - self.HALF_LIFE_S) / self.HALF_LIFE_S)
+        moments, at = found
+        fade = 0.5 ** (max(0.0, self._clock() - at - self.HALF_LIFE_S) / self.HALF_LIFE_S)
+        return moments * np.array([1.0, fade, 1.0, fade])
 
 
 @dataclass(frozen=True)
@@ -117,21 +144,21 @@ class RequestClock:
     clock: Callable[[], float]
     aims: np.ndarray = field(init=False)
     checked: np.ndarray = field(init=False)
+    arrived: float = field(init=False)  # when they entered the queue, as measured (the execute()'s start less the wait)
 
-    late_cancel: Callable[[float], None] | None = None  # told how much time a cancelled request still seemed to have
 
     @classmethod
     def start(cls, requests: Sequence[ImageRequest], now: float, wait: float, clock: Callable[[], float],
-              slack: float = 0.0, late_cancel: Callable[[float], None] | None = None,
               queued: bool = False, target_s: float = 0.0) -> "RequestClock":
         """Each deadline counted from when the request entered the queue, as Triton measured the
-        queue's wait (`wait`; 0 where nobody measured it), less `slack` (how much later than the
-        client's own the runtime's estimates have turned out) and the answer's way back
-        (RESPONSE_S). A request without one aims at `target_s` after its arrival (0: none)."""
+        queue's wait (`wait`; 0 where nobody measured it), less the answer's way back
+        (RESPONSE_S). A request without one aims at `target_s` after its arrival (0: none). A
+        client that gives up sooner than its deadline says is seen as gone (cancelled)."""
         arrived = now - wait
-        deadlines = np.array([arrived + r.timeout_s - slack - RESPONSE_S if r.timeout_s is not None else math.inf
+        deadlines = np.array([arrived + r.timeout_s - RESPONSE_S if r.timeout_s is not None else math.inf
                               for r in requests], dtype=np.float64)
-        made = cls(requests, deadlines, clock, late_cancel=late_cancel)
+        made = cls(requests, deadlines, clock)
+        made.arrived = arrived
         aim = arrived + target_s - RESPONSE_S if target_s > 0 else math.inf
         made.aims = np.where(np.isfinite(deadlines), deadlines, aim)
         # queued: as good as asked now (Triton drops a request cancelled while it waited in its
@@ -181,8 +208,6 @@ def drop(clock: RequestClock, results: list, timings: Timings, stage: str, now: 
         if results[r] is not None:
             continue
         if clock.cancelled(r, now):
-            if clock.late_cancel is not None and math.isfinite(left[r]):
-                clock.late_cancel(left[r])  # its client gave up with this much of our estimate left
             _fail(results, timings, r, images(r), stage, "cancelled", CANCELLED,
                   "the client cancelled the request (or its gRPC deadline passed)")
         elif left[r] <= 0:
@@ -245,8 +270,6 @@ class Admission:
         self.model = model
         self.queues = queues or (lambda _name: None)  # Triton's measurement of a model's queue; None: not measured
         self.costs = Costs(clock)
-        self.slack_s = 0.0  # how much later than the clients' own the deadlines have turned out (late_cancel)
-        self._started: float | None = None
 
     def reading(self, model: str, now: float | None = None) -> QueueReading | None:
         """Triton's latest fresh reading of `model`'s queue, or None (unmeasured, or too old to
@@ -263,29 +286,15 @@ class Admission:
         """An execute() begins: its requests' clock, and Triton's latest fresh reading of the
         flow's own queue (None: none measured)."""
         now = self.clock()
-        self._started = now
         reading = self.reading(self.model, now) if self.queued else None
         wait = reading.wait_s if reading is not None else 0.0
-        return RequestClock.start(requests, now, wait, self.clock, self.slack_s, self._late_cancel,
+        return RequestClock.start(requests, now, wait, self.clock,
                                   queued=self.queued, target_s=self.target_s), reading
 
-    def _late_cancel(self, left_s: float) -> None:
-        """A client gave up while its deadline, as estimated, still had left_s to go (a gRPC
-        client's deadline cancels the call): later estimates are made that much earlier, as a
-        moving average of what these show (never below 0)."""
-        # left_s was counted with the current slack taken off already: the slack it shows is
-        # slack + left_s, and the average moves a fifth of the way there.
-        self.slack_s = max(0.0, self.slack_s + _EWMA * left_s)
-
     def admit(self, clock: RequestClock, results: list, timings: Timings) -> None:
-        """At the door, before decoding: drop the gone and the expired, refuse what cannot
-        finish in time."""
+        """At the door, before decoding: drop the gone and the expired. What cannot finish in
+        time is refused before the stage it cannot finish (a child call), on that stage's own
+        measure: a whole execute()'s time is no measure of one request's (measured past
+        capacity, refusing on it shrank the execute()s it refused from)."""
         images = lambda r: max(1, len(clock.requests[r].images))  # noqa: E731
-        drop(clock, results, timings, "admission", clock.clock(), images,
-             predicted=lambda n: self.costs.predict("execute", n))
-
-    def close(self, images: int) -> None:
-        """The execute() is over: what its admitted images cost."""
-        now = self.clock()
-        if self._started is not None and images:
-            self.costs.observe("execute", now - self._started, images)
+        drop(clock, results, timings, "admission", clock.clock(), images)
