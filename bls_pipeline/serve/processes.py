@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..adapter.queue_waits import WAIT_PREFIX
 from .workarounds import STUB_ARGV
 
 __all__ = ["SHM_PREFIX", "Stubs", "become_subreaper", "destruction_began", "die_with_parent", "end_orphans",
@@ -184,8 +185,9 @@ def orphan_stubs(repository: Path | None) -> list[Orphan]:
 
 
 def end_orphans(repository: Path | str) -> list[Orphan]:
-    """SIGKILL the orphan stubs of `repository` and remove their regions, and the regions
-    left by a bls-serve on it that died (its stubs gone: nothing maps them); those ended."""
+    """SIGKILL the orphan stubs of `repository` and remove their regions, the regions left by
+    a bls-serve on it that died (its stubs gone: nothing maps them), and the queue-wait files
+    of any tritonserver no longer running; the stubs ended."""
     orphans = orphan_stubs(Path(repository))
     for orphan in orphans:
         try:
@@ -202,7 +204,16 @@ def end_orphans(repository: Path | str) -> list[Orphan]:
         region.unlink(missing_ok=True)
     if left:
         log.warning("removed %d shared-memory region(s) a bls-serve that died on this repository left", len(left))
+    waits = [p for p in Path("/dev/shm").glob(f"{WAIT_PREFIX}*") if (m := _WAIT_OWNER.match(p.name))
+             and not _alive(int(m["server"]))]
+    for path in waits:
+        path.unlink(missing_ok=True)
+    if waits:
+        log.warning("removed %d queue-wait file(s) of tritonservers no longer running", len(waits))
     return orphans
+
+
+_WAIT_OWNER = re.compile(rf"{WAIT_PREFIX}(?P<server>\d+)_")
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bls_pipeline.serve import processes
+from bls_pipeline.adapter.queue_waits import WAIT_PREFIX
 from bls_pipeline.serve.processes import SHM_PREFIX
 
 
@@ -106,3 +107,16 @@ def test_die_with_parent_asks_for_sigkill_when_the_parent_thread_ends(tmp_path):
     thread.start()
     thread.join()
     assert started[0].wait(timeout=10) == -signal.SIGKILL
+
+
+def test_queue_wait_files_of_a_tritonserver_no_longer_running_are_removed(repo):
+    dead = _dead_pid()
+    gone, live = (Path("/dev/shm") / f"{WAIT_PREFIX}{pid}_classify_bls" for pid in (dead, os.getpid()))
+    for path in (gone, live):
+        path.write_bytes(b"\0")
+    try:
+        processes.end_orphans(repo)
+        assert not gone.exists() and live.exists()
+    finally:
+        gone.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)
