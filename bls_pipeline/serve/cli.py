@@ -77,7 +77,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "/metrics (restarts, load failures; latency histograms with --trace-rate), /requests "
                         "(bls-explain, with --trace-rate); 0: none")
     p.add_argument("--hang-timeout", type=float, default=8.0, metavar="SECONDS",
-                   help="a tritonserver that answers its liveness endpoint over neither HTTP nor gRPC (each asked "
+                   help="a tritonserver whose liveness endpoint goes unanswered over HTTP or gRPC (each asked "
                         "every second, 2 s timeout) for this long is killed with its stubs and, with --restart, "
                         "started again (0: not checked)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",

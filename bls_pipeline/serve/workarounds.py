@@ -73,8 +73,8 @@ WORKAROUNDS = (
         "a crash that hangs",
         "After a fatal signal, tritonserver's ErrorSignalHandler can deadlock on malloc's lock while it prints the "
         "stack: the process stays alive, its ports accept connections and answer nothing.",
-        "bls-serve asks /v2/health/live over HTTP and gRPC, each with a timeout; a tritonserver that answers neither "
-        "for --hang-timeout is killed with its group and restarted (cause `hung`).",
+        "bls-serve asks /v2/health/live over HTTP and gRPC, each with a timeout; a tritonserver that leaves either "
+        "unanswered for --hang-timeout is killed with its group and restarted (cause `hung`).",
         "serve/liveness.py, serve/cli.py (_serve)",
         "tests/integration/test_hangs.py::test_a_frozen_tritonserver_is_replaced_and_classify_bls_answers_again",
         "Nothing: any server can hang; a newer Triton only hangs less."),
