@@ -5,7 +5,7 @@ A tritonserver can stay alive and answer nothing (Triton 2.51 deadlocks in its o
 handler after a crash: workarounds.py, "a crash that hangs"; or it is stopped, or starved).
 `Liveness` asks both endpoints every `interval_s` on a thread of its own; `LivenessJudge`,
 pure, says the server hangs once one protocol has had no answer for `hang_after_s`: bls-serve
-then kills it with its group and starts it again, as it does one that died (server.py). Every
+then kills it with its group and starts it again, as it does one that died (cli.py). Every
 call here has a timeout: the thread never waits on tritonserver longer than `timeout_s`.
 """
 
