@@ -80,19 +80,23 @@ def test_a_stub_of_a_live_bls_serve_or_of_another_repository_is_left_alone(tmp_p
             region.unlink(missing_ok=True)
 
 
-def test_regions_a_dead_bls_serve_left_on_this_repository_are_removed(tmp_path, repo):
-    dead = _dead_pid()
-    mine = Path("/dev/shm") / f"{SHM_PREFIX}bls{dead}_{processes._mark(str(repo.resolve()))}_abcdef_{os.getpid()}-x"
-    live = (Path("/dev/shm")
-            / f"{SHM_PREFIX}bls{os.getpid()}_{processes._mark(str(repo.resolve()))}_abcdef_{os.getpid()}-y")
-    for region in (mine, live):
-        region.write_bytes(b"\0")
+def _dead_owners_file_removed(repo: Path, name) -> None:
+    """end_orphans removes /dev/shm/name(pid) of a pid no longer running and keeps this live
+    process's."""
+    gone, live = (Path("/dev/shm") / name(pid) for pid in (_dead_pid(), os.getpid()))
+    for path in (gone, live):
+        path.write_bytes(b"\0")
     try:
         processes.end_orphans(repo)
-        assert not mine.exists() and live.exists()
+        assert not gone.exists() and live.exists()
     finally:
-        mine.unlink(missing_ok=True)
+        gone.unlink(missing_ok=True)
         live.unlink(missing_ok=True)
+
+
+def test_regions_a_dead_bls_serve_left_on_this_repository_are_removed(tmp_path, repo):
+    mark = processes._mark(str(repo.resolve()))
+    _dead_owners_file_removed(repo, lambda pid: f"{SHM_PREFIX}bls{pid}_{mark}_abcdef_{os.getpid()}-{pid}")
 
 
 def test_die_with_parent_asks_for_sigkill_when_the_parent_thread_ends(tmp_path):
@@ -110,13 +114,4 @@ def test_die_with_parent_asks_for_sigkill_when_the_parent_thread_ends(tmp_path):
 
 
 def test_queue_wait_files_of_a_tritonserver_no_longer_running_are_removed(repo):
-    dead = _dead_pid()
-    gone, live = (Path("/dev/shm") / f"{WAIT_PREFIX}{pid}_classify_bls" for pid in (dead, os.getpid()))
-    for path in (gone, live):
-        path.write_bytes(b"\0")
-    try:
-        processes.end_orphans(repo)
-        assert not gone.exists() and live.exists()
-    finally:
-        gone.unlink(missing_ok=True)
-        live.unlink(missing_ok=True)
+    _dead_owners_file_removed(repo, lambda pid: f"{WAIT_PREFIX}{pid}_classify_bls")
