@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..runtime.admit.admission import QueueReading
 
-__all__ = ["QueueWaitReader", "QueueWaitWriter", "QueueWaits", "WAIT_PREFIX"]
+__all__ = ["QueueWaitReader", "QueueWaitWriter", "QueueWaits", "WAIT_PREFIX", "wait_file_server"]
 
 WAIT_PREFIX = "bls_wait_"
 _SEQ = struct.Struct("<Q")
@@ -31,6 +31,12 @@ _LOOK_AGAIN_S = 1.0  # a reader whose file is not there yet looks for it again a
 def wait_path(model: str, server_pid: int, folder: Path) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
     return Path(folder) / f"{WAIT_PREFIX}{server_pid}_{safe}"
+
+
+def wait_file_server(name: str) -> int | None:
+    """The tritonserver pid a queue-wait file's name (wait_path's) carries; None: not one."""
+    server, sep, _ = name.removeprefix(WAIT_PREFIX).partition("_") if name.startswith(WAIT_PREFIX) else ("", "", "")
+    return int(server) if sep and server.isdigit() else None
 
 
 class QueueWaitWriter:

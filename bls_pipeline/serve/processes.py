@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..adapter.queue_waits import WAIT_PREFIX
+from ..adapter.queue_waits import WAIT_PREFIX, wait_file_server
 from .workarounds import STUB_ARGV
 
 __all__ = ["SHM_PREFIX", "Stubs", "become_subreaper", "destruction_began", "die_with_parent", "end_orphans",
@@ -204,16 +204,14 @@ def end_orphans(repository: Path | str) -> list[Orphan]:
         region.unlink(missing_ok=True)
     if left:
         log.warning("removed %d shared-memory region(s) a bls-serve that died on this repository left", len(left))
-    waits = [p for p in Path("/dev/shm").glob(f"{WAIT_PREFIX}*") if (m := _WAIT_OWNER.match(p.name))
-             and not _alive(int(m["server"]))]
+    waits = [p for p in Path("/dev/shm").glob(f"{WAIT_PREFIX}*")
+             if (server := wait_file_server(p.name)) is not None and not _alive(server)]
     for path in waits:
         path.unlink(missing_ok=True)
     if waits:
         log.warning("removed %d queue-wait file(s) of tritonservers no longer running", len(waits))
     return orphans
 
-
-_WAIT_OWNER = re.compile(rf"{WAIT_PREFIX}(?P<server>\d+)_")
 
 
 def _alive(pid: int) -> bool:
